@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU device (see DEVELOPERS.md): every notebook with its `#| gpu` cells, the pytest suite and the main job,
+# with logs under $OUT. Needs .whl/ carried (../shared/device/wheels.sh nbconvert).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+  git log -1 --format='commit %H %cd' 2>/dev/null || true
+  date -u
+} 2>&1 | tee "$OUT/env.txt"
+status=0
+echo "== nbdev-test --flags gpu"; nbdev-test --flags gpu --do-print 2>&1 | tee "$OUT/nbdev_test_gpu.log" || status=1
+echo "== pytest";  python3 -m pytest -q 2>&1 | tee "$OUT/pytest_gpu.log" || status=1
+echo "== python -m triton_fa2"; python3 -m triton_fa2 --batch 4 --heads 16 --seqlen 2048 --head-dim 128 2>&1 | tee "$OUT/main_gpu.log" || status=1
+exit $status
