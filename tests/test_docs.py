@@ -12,8 +12,9 @@ NOTEBOOKS = sorted((ROOT / "nbs").glob("*.ipynb"))
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
     out = tmp_path_factory.mktemp("docs")
-    subprocess.run([sys.executable, str(ROOT / "tools" / "render_docs.py"), "--out", str(out)], cwd=ROOT, check=True,
-                   capture_output=True, timeout=600)
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "render_docs.py"), "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"render_docs.py failed:\n{run.stderr[-3000:]}"
     return out
 
 

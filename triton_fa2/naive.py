@@ -7,10 +7,10 @@ Docs: https://triton-fa2.github.io/triton_fa2/naive.html.md"""
 # %% auto #0
 __all__ = ['causal_mask', 'attention_ref']
 
-# %% ../nbs/00_naive.ipynb #b959fb70
+# %% ../nbs/00_naive.ipynb #43569884
 import torch
 
-# %% ../nbs/00_naive.ipynb #92803aec
+# %% ../nbs/00_naive.ipynb #d05b0ad3
 def causal_mask(q_idx:torch.Tensor, # (M,) query positions
                 k_idx:torch.Tensor, # (N,) key positions
                 seqlen_q:int,       # Lq, the number of queries
@@ -19,7 +19,7 @@ def causal_mask(q_idx:torch.Tensor, # (M,) query positions
     "Bottom-right causal mask: query i sees key j iff j ≤ i + Lk − Lq (flash-attn ≥ 2.1)."
     return k_idx[None, :] <= q_idx[:, None] + (seqlen_k - seqlen_q)
 
-# %% ../nbs/00_naive.ipynb #46c8a5be
+# %% ../nbs/00_naive.ipynb #6e30b7de
 def _check_ref_inputs(q, k, v, kv_lens):
     "Validate `attention_ref`'s inputs; errors name what was received and what is allowed."
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -43,7 +43,7 @@ def _check_ref_inputs(q, k, v, kv_lens):
         if len(kv_lens) and (kv_lens.min() < 0 or kv_lens.max() > Lk):
             raise ValueError(f"kv_lens must lie in [0, Lk={Lk}], got min {int(kv_lens.min())} and max {int(kv_lens.max())}")
 
-# %% ../nbs/00_naive.ipynb #0c8dea98
+# %% ../nbs/00_naive.ipynb #db545acd
 def attention_ref(q:torch.Tensor,             # (B, Hq, Lq, D) queries
                   k:torch.Tensor,             # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
                   v:torch.Tensor,             # (B, Hkv, Lk, Dv) values

@@ -7,10 +7,10 @@ Docs: https://triton-fa2.github.io/triton_fa2/online_softmax.html.md"""
 # %% auto #0
 __all__ = ['online_softmax_update', 'online_softmax', 'merge_softmax_states']
 
-# %% ../nbs/01_online_softmax.ipynb #bac5fbee
+# %% ../nbs/01_online_softmax.ipynb #03602f50
 import torch
 
-# %% ../nbs/01_online_softmax.ipynb #63b74e24
+# %% ../nbs/01_online_softmax.ipynb #9d714fa5
 def online_softmax_update(m:torch.Tensor,       # (...) running max of the scores seen so far; −inf before any
                           l:torch.Tensor,       # (...) running sum of exp(x − m) over the scores seen so far; 0 before any
                           x_block:torch.Tensor, # (..., n) the next block of scores (softmax over the last dim), n ≥ 1
@@ -21,7 +21,7 @@ def online_softmax_update(m:torch.Tensor,       # (...) running max of the score
     l_new = l * torch.exp(m - m_use) + torch.exp(x_block - m_use[..., None]).sum(dim=-1)
     return m_new, l_new
 
-# %% ../nbs/01_online_softmax.ipynb #1c6bd0b8
+# %% ../nbs/01_online_softmax.ipynb #23436505
 def online_softmax(x:torch.Tensor,      # (..., N) scores, floating point; softmax over the last dim
                    block_size:int=64,   # how many scores each update sees; any N, not only multiples of it
                   ) -> torch.Tensor:    # probabilities, shaped and typed like `x`; rows with no finite score give 0
@@ -38,7 +38,7 @@ def online_softmax(x:torch.Tensor,      # (..., N) scores, floating point; softm
     l_use = l.masked_fill(l == 0, 1.0)                              # no finite score: 0 / 1 = 0, not 0 / 0
     return (torch.exp(xs - m_use[..., None]) / l_use[..., None]).to(x.dtype)
 
-# %% ../nbs/01_online_softmax.ipynb #b72b3fe7
+# %% ../nbs/01_online_softmax.ipynb #59c9a9af
 def merge_softmax_states(m_a:torch.Tensor, # (...) max of part a of the scores; −inf if a is empty or masked
                          l_a:torch.Tensor, # (...) sum of exp(x − m_a) over part a; 0 if a has no finite score
                          m_b:torch.Tensor, # (...) max of part b, disjoint from a

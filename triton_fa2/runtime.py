@@ -7,21 +7,21 @@ Docs: https://triton-fa2.github.io/triton_fa2/runtime.html.md"""
 # %% auto #0
 __all__ = ['INTERPRET', 'gpu_available', 'interpreting', 'use_interpreter_if_no_gpu', 'default_device']
 
-# %% ../nbs/90_runtime.ipynb #c8b8d44d
+# %% ../nbs/90_runtime.ipynb #17e6a81e
 import os
 import torch
 
-# %% ../nbs/90_runtime.ipynb #797127e4
+# %% ../nbs/90_runtime.ipynb #5775514b
 def gpu_available() -> bool:
     "True when torch sees a CUDA (or ROCm) device."
     return torch.cuda.is_available()
 
-# %% ../nbs/90_runtime.ipynb #4b600b5a
+# %% ../nbs/90_runtime.ipynb #4cd48871
 def interpreting() -> bool:
     "True when Triton kernels defined from now on run in Triton's CPU interpreter (`TRITON_INTERPRET=1`)."
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-# %% ../nbs/90_runtime.ipynb #03fe3678
+# %% ../nbs/90_runtime.ipynb #f838e342
 def use_interpreter_if_no_gpu() -> bool:
     "Set `TRITON_INTERPRET=1` when there is no GPU and the user has not chosen; return `interpreting()`."
     if not gpu_available(): os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -29,7 +29,7 @@ def use_interpreter_if_no_gpu() -> bool:
 
 INTERPRET = use_interpreter_if_no_gpu()  # at import: before any kernel module is decorated
 
-# %% ../nbs/90_runtime.ipynb #2218c982
+# %% ../nbs/90_runtime.ipynb #db725e0c
 def default_device() -> torch.device:
     "The device this project's examples and tests put tensors on: `cuda` when a GPU is present, else `cpu`."
     return torch.device("cuda" if gpu_available() else "cpu")
