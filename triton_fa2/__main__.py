@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/main.html.md"""
 # %% auto #0
 __all__ = ['TOLERANCES', 'check_attention', 'main']
 
-# %% ../nbs/91_main.ipynb #59eb857a
+# %% ../nbs/91_main.ipynb #2fb182aa
 from .runtime import default_device, gpu_available, interpreting  # first: decides GPU or interpreter
 import torch
 from fastcore.script import call_parse
@@ -15,11 +15,13 @@ import triton_fa2
 from .naive import attention_ref
 from .tiling import attention_tiled
 
-# %% ../nbs/91_main.ipynb #989f6b2b
+# %% ../nbs/91_main.ipynb #31f84cd0
 TOLERANCES = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # max |o − o_ref| / max(1, |o_ref|max): a few ulps
 
 def check_attention(batch:int=2, heads:int=4, seqlen:int=257, head_dim:int=64, seed:int=0) -> list:
     "Run the project's attention on random inputs in fp16 and bf16, causal and not; return rows (dtype, causal, error, tolerance, ok)."
+    for name, n in dict(batch=batch, heads=heads, seqlen=seqlen, head_dim=head_dim).items():
+        if n < 1: raise ValueError(f"{name} must be at least 1, got {n}")
     torch.manual_seed(seed)
     device, rows = default_device(), []
     for dtype in (torch.float16, torch.bfloat16):
@@ -31,7 +33,7 @@ def check_attention(batch:int=2, heads:int=4, seqlen:int=257, head_dim:int=64, s
             rows.append((str(dtype).removeprefix("torch."), causal, err, TOLERANCES[dtype], err <= TOLERANCES[dtype]))
     return rows
 
-# %% ../nbs/91_main.ipynb #94da564b
+# %% ../nbs/91_main.ipynb #f574a072
 @call_parse
 def main(batch:int=2,     # batch size B
          heads:int=4,     # heads H
