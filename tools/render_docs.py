@@ -24,7 +24,7 @@ README_HEADER = "<!-- Generated from nbs/index.ipynb by tools/render_docs.py --r
 
 
 def front_matter(nb):
-    "Title, description and page name from the raw YAML cell nbdev puts first, which is then dropped."
+    "Title and description from the raw YAML cell nbdev puts first, which is then dropped."
     meta = {}
     if nb.cells and nb.cells[0].cell_type == "raw" and nb.cells[0].source.startswith("---"):
         meta = yaml.safe_load(nb.cells.pop(0).source.strip("-\n")) or {}
@@ -55,8 +55,7 @@ def read(p):
 
 def pages(proc):
     "Processed notebooks in reading order: index first, then by chapter number."
-    nbs = sorted(proc.glob("*.ipynb"))
-    return sorted(nbs, key=lambda p: (p.stem != "index", p.stem))
+    return sorted(proc.glob("*.ipynb"), key=lambda p: (p.stem != "index", p.stem))
 
 
 def link_pages(text, base=""):

@@ -8,12 +8,11 @@ Docs: https://triton-fa2.github.io/triton_fa2/tiling.html.md"""
 __all__ = ['TILE_SKIPPED', 'TILE_MASKED', 'TILE_FULL', 'kv_block_range', 'causal_tile_map', 'attention_tiled',
            'hbm_bytes_standard', 'hbm_bytes_flash']
 
-# %% ../nbs/02_tiling.ipynb #1cf59662
-import math
+# %% ../nbs/02_tiling.ipynb #3c9b906e
 import torch
 from .naive import causal_mask, _check_ref_inputs
 
-# %% ../nbs/02_tiling.ipynb #7f314513
+# %% ../nbs/02_tiling.ipynb #c80bf6bb
 TILE_SKIPPED, TILE_MASKED, TILE_FULL = 0, 1, 2  # the codes of `causal_tile_map`
 
 def _cdiv(a, b): return -(-a // b)
@@ -24,7 +23,7 @@ def _check_blocks(block_m, block_n):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(f"{name} must be a positive integer, got {b!r}")
 
-# %% ../nbs/02_tiling.ipynb #775a0ae5
+# %% ../nbs/02_tiling.ipynb #971c7a1a
 def kv_block_range(m_block:int,       # index of the Q block: rows m_block·block_m … (m_block+1)·block_m − 1
                    seqlen_q:int,      # Lq
                    seqlen_k:int,      # Lk
@@ -44,7 +43,7 @@ def kv_block_range(m_block:int,       # index of the Q block: rows m_block·bloc
     n_end = _cdiv(most, block_n)                                     # blocks holding at least one key the last row sees
     return n_full, n_end
 
-# %% ../nbs/02_tiling.ipynb #e128b11d
+# %% ../nbs/02_tiling.ipynb #3275f19a
 def causal_tile_map(seqlen_q:int, # Lq
                     seqlen_k:int, # Lk
                     block_m:int,  # rows per Q block
@@ -58,7 +57,7 @@ def causal_tile_map(seqlen_q:int, # Lq
         tiles[m, :n_full], tiles[m, n_full:n_end] = TILE_FULL, TILE_MASKED
     return tiles
 
-# %% ../nbs/02_tiling.ipynb #9a295fbe
+# %% ../nbs/02_tiling.ipynb #f1dcce3c
 def attention_tiled(q:torch.Tensor,     # (B, Hq, Lq, D) queries
                     k:torch.Tensor,     # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
                     v:torch.Tensor,     # (B, Hkv, Lk, Dv) values
@@ -104,7 +103,7 @@ def attention_tiled(q:torch.Tensor,     # (B, Hq, Lq, D) queries
         lse[..., rows] = m_i + torch.log(l_i)        # −inf + log 0 = −inf for rows that saw no key
     return o.flatten(1, 2), lse.flatten(1, 2)
 
-# %% ../nbs/02_tiling.ipynb #151d3928
+# %% ../nbs/02_tiling.ipynb #07c2f1a1
 def hbm_bytes_standard(seqlen:int,        # N = Lq = Lk
                        head_dim:int,      # d
                        element_size:int=2, # bytes per element: 2 for fp16/bf16
@@ -115,7 +114,7 @@ def hbm_bytes_standard(seqlen:int,        # N = Lq = Lk
                            + (N * N + N * N)         # P = softmax(S): read S; write P
                            + (N * N + N * d + N * d))  # O = PV: read P, V; write O
 
-# %% ../nbs/02_tiling.ipynb #4072f43a
+# %% ../nbs/02_tiling.ipynb #c32912db
 def hbm_bytes_flash(seqlen:int,         # N = Lq = Lk
                     head_dim:int,       # d
                     block_m:int,        # rows per Q block: K and V are read once per Q block
