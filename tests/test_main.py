@@ -15,14 +15,19 @@ def test_python_dash_m():
 
 
 def test_failure_exits_nonzero(monkeypatch):
-    good = cli.attention_tiled
+    good = cli.attention
     def shifted(q, k, v, causal):  # off by a little more than the tolerance
-        o, lse = good(q, k, v, causal=causal)
-        return o + 0.05, lse
-    monkeypatch.setattr(cli, "attention_tiled", shifted)
+        return good(q, k, v, causal=causal) + 0.05
+    monkeypatch.setattr(cli, "attention", shifted)
     try:
         cli.main(batch=1, heads=1, seqlen=17, head_dim=16)
     except SystemExit as e:
         assert e.code == 1
     else:
         raise AssertionError("main() did not exit non-zero on a failed check")
+
+
+def test_nan_fails(monkeypatch):
+    "NaN never passes: an output full of NaN is a failed check, not an error of nan that compares False both ways."
+    monkeypatch.setattr(cli, "attention", lambda q, k, v, causal: torch.full_like(q, float("nan")))
+    assert not any(ok for *_, ok in cli.check_attention(batch=1, heads=1, seqlen=9, head_dim=16))

@@ -1,0 +1,374 @@
+"""The Triton forward kernel (`attention`, `flash_attn_func`) against `attention_ref` in float64.
+
+CPU (CI) runs the kernel through Triton's interpreter on small shapes; the same tests run on the GPU on the device.
+Tests marked `gpu` are the seed's full matrix and the large-tensor cases: `pytest -m gpu` on a CUDA machine.
+"""
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import triton_fa2
+import triton_fa2.forward as fwd
+from triton_fa2.forward import MAX_HEAD_DIM, _attention_forward, attention, flash_attn_func, warmup
+from triton_fa2.naive import attention_ref
+from triton_fa2.runtime import default_device, interpreting
+
+DEVICE = default_device()
+# dtype → (max |o − o_ref|, ‖o − o_ref‖ / ‖o_ref‖) against float64 at unit-variance inputs: a few ulps of the output
+TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+LSE_TOL = dict(atol=1e-5, rtol=1e-5)  # lse is float32 on both sides of the comparison
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def randn(*shape, dtype=torch.float16, device=DEVICE):
+    "Fresh unit-variance inputs, rounded to dtype: never zeros, never reused."
+    return torch.randn(*shape, device=device, dtype=torch.float32).to(dtype)
+
+
+def errors(o, o_ref):
+    """(max abs error / max(1, max |o_ref|), relative Frobenius error) of o against a float64 reference. The first is
+    in units of the output's scale: a row that sees one or two keys has |o| up to ~4, where a bf16 ulp is 0.03."""
+    diff = o.double() - o_ref
+    scale = max(1.0, o_ref.abs().max().item()) if o_ref.numel() else 1.0
+    return diff.abs().max().item() / scale, (diff.norm() / o_ref.norm().clamp(min=1e-30)).item()
+
+
+def check(q, k, v, causal=False, scale=None, tol=None):
+    """Run the kernel into NaN-poisoned buffers (every element must be written), compare o and lse with float64,
+    and check that the public `attention` returns the same bits. Returns (o, lse)."""
+    B, Hq, Lq, D = q.shape
+    o = torch.full((B, Hq, Lq, D), float("nan"), device=q.device, dtype=q.dtype)
+    lse = torch.full((B, Hq, Lq), float("nan"), device=q.device)
+    _attention_forward(q, k, v, o, lse, causal, D ** -0.5 if scale is None else scale)
+    o_ref, lse_ref = attention_ref(q, k, v, causal=causal, scale=scale, upcast=torch.float64)
+    assert not o.isnan().any() and not lse.isnan().any(), "an element was left unwritten, or NaN was produced"
+    max_abs, rel = errors(o, o_ref)
+    tol_abs, tol_rel = tol or TOL[q.dtype]
+    assert max_abs <= tol_abs and rel <= tol_rel, f"max abs {max_abs:.3g} (tol {tol_abs}), rel {rel:.3g} (tol {tol_rel})"
+    torch.testing.assert_close(lse.double(), lse_ref, **LSE_TOL)   # −∞ must match −∞ exactly
+    o2, lse2 = attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    assert torch.equal(o2, o) and torch.equal(lse2, lse), "attention() must run the same kernel, deterministically"
+    return o, lse
+
+
+# (B, Hq, Hkv, Lq, Lk, D): each shape names the code path it exercises. With the interpreter's 32×16 tiles:
+SHAPES = [
+    (1, 1, 1, 1, 1, 64),        # one query, one key: a single partial tile on both axes
+    (2, 3, 3, 17, 17, 64),      # odd length inside one Q block, two K tiles (16 + 1): the masked run alone
+    (1, 2, 2, 64, 64, 64),      # multiples of both blocks: full run only when non-causal
+    (1, 2, 2, 100, 100, 80),    # D = 80: a 128-wide tile with masked columns; ragged rows
+    (1, 2, 2, 255, 255, 128),   # 255 = 7·32 + 31: ragged in both; many full tiles plus the diagonal
+    (1, 2, 2, 1, 255, 16),      # decode-like: one query, long context; D = 16, the smallest tl.dot tile
+    (1, 2, 2, 255, 1, 64),      # one key: causal, only the last query sees it (254 empty rows)
+    (1, 2, 2, 37, 100, 16),     # Lq < Lk: bottom-right offset of 63 keys
+    (1, 2, 2, 100, 37, 64),     # Lq > Lk: first 63 rows see nothing (O = 0, LSE = −∞); whole empty Q blocks
+    (1, 4, 2, 100, 100, 64),    # GQA 2:1
+    (1, 8, 2, 33, 65, 64),      # GQA 4:1, odd lengths
+    (2, 6, 1, 29, 50, 32),      # MQA: one KV head for six query heads
+    (1, 2, 2, 40, 40, 256),     # D = 256, the largest head dim
+    (1, 2, 2, 40, 40, 24),      # D = 24: BLOCK_D 32 with 8 masked columns
+    (1, 1, 1, 17, 1000, 8),     # D = 8 (tile padded to 16); 1000 keys = 62 full tiles + a partial one
+]
+
+
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_reference(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
+    q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+    check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_causal(dtype):
+    "1000 × 1000 causal: 32 Q blocks, the diagonal through the middle of 16-key tiles, 62 full tiles in the last block."
+    check(*(randn(1, 1, 1000, 64, dtype=dtype) for _ in range(3)), causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_views(dtype):
+    "Transposed (B, L, H, D) views, a slice of a longer cache, every other head, every other batch: no copies needed."
+    q_blhd, k_blhd, v_blhd = randn(4, 50, 6, 64, dtype=dtype), randn(4, 120, 3, 64, dtype=dtype), randn(4, 120, 3, 64, dtype=dtype)
+    q, k, v = (t.transpose(1, 2) for t in (q_blhd, k_blhd, v_blhd))   # head and length strides swapped
+    check(q, k, v, causal=True)
+    check(q[::2, ::2], k[::2, :, 10:90], v[::2, :, 10:90], causal=True)  # batch, head and sequence strides
+    kv = randn(2, 2, 1, 70, 64, dtype=dtype)                             # k and v packed in one tensor
+    check(randn(2, 4, 30, 64, dtype=dtype).transpose(1, 2).contiguous().transpose(1, 2), kv[0], kv[1], causal=False)
+
+
+def test_scale_override():
+    q, k, v = (randn(1, 2, 40, 64) for _ in range(3))
+    for scale in (0.05, 1.0, 0.3):
+        check(q, k, v, causal=True, scale=scale)
+    o_half = attention(q, k, v, scale=0.5 * 64 ** -0.5)
+    assert not torch.equal(o_half, attention(q, k, v)), "the scale must reach the kernel"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("magnitude", [8.0, 30.0])
+def test_adversarial_magnitudes(dtype, magnitude):
+    "Inputs ×8 and ×30: scaled scores in the hundreds, softmax close to one-hot, the running max changing often."
+    q, k, v = (randn(1, 2, 70, 64, dtype=dtype) * magnitude for _ in range(3))
+    for causal in (False, True):
+        check(q, k, v, causal)   # errors are relative to max |o_ref|, which is ×magnitude
+
+
+def test_fp16_scores_beyond_fp16_range():
+    """Bug class 4: q·k past fp16's 65504. With k = q ×40, each query's own score is |q|² ≈ 1600·64 = 102400: a kernel
+    that formed scores in fp16 would give inf, then NaN. Scores here are float32 from the tensor cores."""
+    q = randn(1, 2, 50, 64) * 40
+    assert (q.float() @ q.float().transpose(-1, -2)).max() > 65504
+    for causal in (False, True):
+        check(q, q, randn(1, 2, 50, 64), causal)
+
+
+def test_rows_that_see_no_key():
+    "Bottom-right causal with Lq > Lk: the first Lq − Lk rows give O = 0 exactly and LSE = −∞, never NaN."
+    q, k, v = randn(1, 2, 90, 32), randn(1, 2, 20, 32), randn(1, 2, 20, 32)
+    o, lse = check(q, k, v, causal=True)
+    assert o[:, :, :70].abs().max().item() == 0.0
+    assert (lse[:, :, :70] == float("-inf")).all() and lse[:, :, 70:].isfinite().all()
+
+
+def test_zero_sizes():
+    "Empty batch, heads or queries give empty outputs; no keys at all gives O = 0, LSE = −∞ (a softmax over nothing)."
+    for B, Hq, Lq in [(0, 2, 8), (1, 0, 8), (1, 2, 0)]:   # no batch; no query heads (over one KV head); no queries
+        kv = randn(B, 1, 8, 16)
+        o, lse = attention(randn(B, Hq, Lq, 16), kv, kv, return_lse=True)
+        assert o.shape == (B, Hq, Lq, 16) and lse.shape == (B, Hq, Lq)
+    q, kv = randn(1, 2, 5, 16), randn(1, 2, 0, 16)
+    o, lse = attention(q, kv, kv, return_lse=True)
+    assert o.abs().max().item() == 0.0 and (lse == float("-inf")).all()
+
+
+def test_flash_attn_func_layout_and_no_copies(monkeypatch):
+    "flash-attn's (B, L, H, D) layout: same kernel, same bits as attention on the transposed views, and no copies."
+    q, k, v = randn(2, 33, 4, 64, dtype=torch.bfloat16), randn(2, 47, 2, 64, dtype=torch.bfloat16), randn(2, 47, 2, 64, dtype=torch.bfloat16)
+    out, lse, probs = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.shape == (2, 33, 4, 64) and out.is_contiguous() and lse.shape == (2, 4, 33) and probs is None
+    o_sdpa, lse_sdpa = attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, return_lse=True)
+    assert torch.equal(out.transpose(1, 2), o_sdpa) and torch.equal(lse, lse_sdpa)
+    assert torch.equal(flash_attn_func(q, k, v, 0.0, 0.2, True), attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, scale=0.2).transpose(1, 2))
+    seen = {}
+    real = fwd._attention_forward
+    def spy(q_, k_, v_, o_, *args):
+        seen.update(q=q_.data_ptr(), k=k_.data_ptr(), v=v_.data_ptr(), o=o_.data_ptr())
+        return real(q_, k_, v_, o_, *args)
+    monkeypatch.setattr(fwd, "_attention_forward", spy)
+    out = flash_attn_func(q, k, v)
+    assert seen == dict(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr()), "inputs or output were copied"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dropout_p=0.1), "dropout_p must be 0.0"),
+    (dict(window_size=(64, 0)), "sliding windows are not supported"),
+    (dict(softcap=30.0), "softcap must be 0.0"),
+    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes must be None"),
+])
+def test_flash_attn_func_refuses_unsupported_features(kwargs, message):
+    q = randn(1, 8, 4, 64)
+    with pytest.raises(ValueError, match=message): flash_attn_func(q, q, q, **kwargs)
+
+
+def test_deterministic_and_warmup():
+    q, k, v = (randn(2, 2, 77, 64, dtype=torch.bfloat16) for _ in range(3))
+    config = warmup(q, k, v, causal=True)
+    assert {"BLOCK_M", "BLOCK_N"} <= set(config.kwargs)
+    if interpreting(): assert config.kwargs == fwd._INTERPRETER_CONFIG.kwargs
+    assert torch.equal(attention(q, k, v, causal=True), attention(q, k, v, causal=True))
+
+
+def test_public_names():
+    "The package's top level exposes the kernel's public API."
+    assert triton_fa2.attention is attention and triton_fa2.flash_attn_func is flash_attn_func
+    assert triton_fa2.warmup is warmup
+
+
+def test_bf16_dot_workaround_only_under_the_interpreter():
+    "Triton's interpreter computes bf16 tl.dot on raw bits: only then do the dots take float32 copies of bf16 values."
+    assert fwd._dot_in_fp32(torch.bfloat16) == interpreting()
+    assert not fwd._dot_in_fp32(torch.float16)
+
+
+q16 = lambda *s: randn(*s)  # noqa: E731
+BAD_INPUTS = [  # (q, k, v, kwargs, exception, message): each names what it received and what is allowed
+    (lambda: (q16(4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, ValueError, r"q must be 4-D \(B, H, L, D\), got q.shape=\(4, 16, 64\)"),
+    (lambda: (q16(1, 4, 16, 64).float(),) * 3, {}, TypeError, "must all be torch.float16 or all torch.bfloat16"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 64).bfloat16(), q16(1, 4, 16, 64)), {}, TypeError, "k torch.bfloat16"),
+    (lambda: (q16(1, 4, 16, 64).double(), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, TypeError, "got q torch.float64"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 3, 16, 64), q16(1, 3, 16, 64)), {}, ValueError, r"got Hq=4 and Hkv=3; try Hkv in \[1, 2, 4\]"),
+    (lambda: (q16(2, 4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, ValueError, "got B=2 for q and B=1 for k, v"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 32), q16(1, 4, 16, 32)), {}, ValueError, "got D=64 for q and D=32 for k, v"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 17, 64)), {}, ValueError, "k and v must have the same shape"),
+    (lambda: (q16(1, 4, 16, 12),) * 3, {}, ValueError, "multiple of 8 between 8 and 256, got D=12"),
+    (lambda: (q16(1, 4, 16, 264),) * 3, {}, ValueError, "got D=264"),
+    (lambda: (q16(1, 4, 16, 128)[..., ::2],) * 3, {}, ValueError, r"call q.contiguous\(\)"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 0, 16, 64), q16(1, 0, 16, 64)), {}, ValueError, "got Hq=4 and Hkv=0"),
+    (lambda: ([[1.0]], q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, TypeError, "q must be a torch.Tensor, got list"),
+    (lambda: (q16(1, 4, 16, 64),) * 3, dict(causal=torch.ones(16, 16, dtype=torch.bool)), TypeError, "causal must be a bool"),
+    (lambda: (q16(1, 4, 16, 64),) * 3, dict(scale=float("inf")), ValueError, "scale must be finite"),
+    (lambda: (q16(1, 4, 16, 64),) * 3, dict(scale="0.1"), TypeError, "scale must be a float or None, got str"),
+]
+
+
+@pytest.mark.parametrize("make, kwargs, exc, message", BAD_INPUTS)
+def test_bad_inputs(make, kwargs, exc, message):
+    with pytest.raises(exc, match=message): attention(*make(), **kwargs)
+
+
+def test_bad_inputs_in_flash_attn_layout():
+    "flash_attn_func's messages speak of its own layout and shapes."
+    q, k = randn(1, 16, 4, 64), randn(1, 16, 3, 64)
+    with pytest.raises(ValueError, match="got Hq=4 and Hkv=3"): flash_attn_func(q, k, k)
+    with pytest.raises(ValueError, match=r"4-D \(B, L, H, D\)"): flash_attn_func(q[0], q, q)
+    with pytest.raises(ValueError, match=r"got k \(1, 16, 4, 64\) and v \(1, 17, 4, 64\)"): flash_attn_func(q, q, randn(1, 17, 4, 64))
+
+
+def test_inputs_that_need_grad_are_refused():
+    "A forward-only kernel must not silently drop gradients; under no_grad it runs."
+    q = randn(1, 2, 8, 16).requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward pass only"): attention(q, q, q)
+    with torch.no_grad(): attention(q, q, q)
+
+
+def test_tensors_on_two_devices_are_refused():
+    q = randn(1, 2, 8, 16)
+    other = torch.device("meta")
+    with pytest.raises(ValueError, match="must be on one device"): attention(q, q.to(other), q)
+
+
+def test_numpy_too_new_for_the_interpreter(monkeypatch):
+    "Triton 3.6's interpreter fails on NumPy 2.4 (triton#9171): a clear error, not a crash deep in the interpreter."
+    monkeypatch.setattr(fwd, "interpreting", lambda: True)
+    monkeypatch.setattr(fwd.np, "__version__", "2.4.0")
+    monkeypatch.setattr(fwd.triton, "__version__", "3.6.0")
+    with pytest.raises(RuntimeError, match="numpy<2.4"): fwd._check_interpreter()
+    monkeypatch.setattr(fwd.np, "__version__", "2.3.5")
+    fwd._check_interpreter()
+
+
+def test_cpu_tensors_without_the_interpreter(tmp_path):
+    "With TRITON_INTERPRET=0, CPU tensors are refused with the fix, not handed to a GPU kernel."
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from triton_fa2 import attention
+        q = torch.randn(1, 2, 8, 16, dtype=torch.float16)
+        try: attention(q, q, q)
+        except ValueError as e: print("ValueError:", e)
+    """))
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert "ValueError: q, k, v are on cpu, but Triton kernels run on a CUDA GPU" in out.stdout, out.stdout + out.stderr
+    assert "TRITON_INTERPRET=1" in out.stdout
+
+
+def test_autotune_candidates():
+    "Every head dim keeps candidates on an H200 and on a T4; D = 256 keeps none that would spill."
+    configs = fwd._gpu_configs()
+    for block_d in (16, 32, 64, 128, 256):
+        for smem in (232448, 65536):      # H200, T4 (bytes per block)
+            kept = [c for c in configs if fwd._fits(c, block_d, smem)]
+            assert kept or block_d == 256 and smem == 65536, (block_d, smem)
+    assert not any(fwd._fits(c, 256, 232448) and fwd._shape(c)[1] > 64 for c in configs)
+
+
+# ----------------------------------------------------------------------------------------------------------- GPU
+def check_sampled(q, k, v, causal, pairs=None, tol_sdpa=None):
+    """Large shapes: o against the float32 reference one (batch, head) at a time for a few pairs (the corners catch
+    offset bugs), NaN anywhere fails. Returns the max abs error seen."""
+    o = attention(q, k, v, causal=causal)
+    assert not o.isnan().any()
+    B, Hq = q.shape[:2]
+    g = Hq // k.shape[1]
+    pairs = pairs or sorted({(0, 0), (B - 1, Hq - 1), (B // 2, Hq // 2), (0, Hq - 1), (B - 1, 0)})
+    worst = 0.0
+    for b, h in pairs:
+        o_ref = attention_ref(q[b:b+1, h:h+1], k[b:b+1, h//g:h//g+1], v[b:b+1, h//g:h//g+1], causal=causal)[0]
+        max_abs, rel = errors(o[b:b+1, h:h+1], o_ref.double())
+        tol_abs, tol_rel = TOL[q.dtype]
+        assert max_abs <= tol_abs and rel <= tol_rel, (b, h, max_abs, rel)
+        worst = max(worst, max_abs)
+    return o, worst
+
+
+SEED_MATRIX = [(B, N, D, causal, dtype) for B in (1, 8, 32) for N in (512, 2048, 8192, 16384) for D in (64, 128)
+               for causal in (False, True) for dtype in DTYPES]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, D, causal, dtype", SEED_MATRIX)
+def test_seed_matrix(B, N, D, causal, dtype):
+    "The seed's prefill grid, H = 32: sampled heads against float32, and every element against SDPA's FA2 backend."
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (randn(B, 32, N, D, dtype=dtype) for _ in range(3))
+    o, _ = check_sampled(q, k, v, causal)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        o_fa2 = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert (o.float() - o_fa2.float()).abs().max().item() <= (1e-2 if dtype == torch.float16 else 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", [
+    (2, 16, 16, 1024, 1024, 256),   # the largest head dim at length
+    (2, 16, 4, 1000, 1000, 128),    # ragged length, GQA 4:1
+    (1, 32, 8, 4099, 4099, 128),    # 4099 = 32·128 + 3: a three-key last tile
+    (3, 8, 8, 1000, 4099, 64),      # chunked prefill: the last 1000 queries of a 4099-token sequence
+    (2, 12, 12, 777, 777, 80),      # head dim 80: masked columns at scale
+    (4, 32, 8, 1, 4099, 128),       # one query per sequence
+])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_ragged_and_wide(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
+    q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+    check_sampled(q, k, v, causal)
+    check(q[:1, :2], k[:1, :1], v[:1, :1], causal)   # one head group in full, with poisoned outputs
+
+
+@pytest.mark.gpu
+def test_gpu_every_candidate_is_correct():
+    "Whichever config the autotuner picks must be right: run every candidate that fits, on awkward shapes."
+    for m, n, w, s in fwd._CANDIDATES:
+        config = fwd.triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s)
+        for (B, Hq, Hkv, Lq, Lk, D, causal) in [(2, 4, 2, 1000, 777, 128, True), (1, 2, 2, 333, 4099, 64, False),
+                                                 (1, 2, 1, 257, 100, 80, True), (1, 2, 2, 130, 130, 256, True)]:
+            if not fwd._fits(config, fwd.triton.next_power_of_2(D), fwd._max_smem(0)): continue
+            for dtype in DTYPES:
+                q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+                o = torch.full_like(q, float("nan")); lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+                grid = (fwd.triton.cdiv(Lq, m) * B * Hq,)
+                fwd._attn_fwd[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+                                    Hq, Hq // Hkv, Lq, Lk, D ** -0.5 * fwd.LOG2E, 0, 0, HEAD_DIM=D,
+                                    BLOCK_D=fwd.triton.next_power_of_2(D), CAUSAL=causal, DOT_FP32=False,
+                                    BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+                o_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=torch.float64)
+                max_abs, rel = errors(o, o_ref)
+                assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], ((m, n, w, s), D, dtype, max_abs, rel)
+                torch.testing.assert_close(lse.double(), lse_ref, **LSE_TOL)
+
+
+@pytest.mark.gpu
+def test_gpu_offsets_past_2_31_elements():
+    """int64 offsets (bug class 7): a batch offset past 2³¹ elements in q, k, v and o (SDPA layout), and key offsets
+    past 2³¹ in one (batch, head)'s K and V (flash-attn layout, 131073 keys × 128 heads × 128)."""
+    B = 2 ** 31 // (16 * 128 * 128) + 1                      # 8193 × 16 heads × 128 tokens × 128 = 2³¹ + 262144
+    q, k, v = (randn(B, 16, 128, 128, dtype=torch.bfloat16) for _ in range(3))
+    assert q.numel() > 2 ** 31
+    check_sampled(q, k, v, causal=True, pairs=[(0, 0), (B - 1, 15), (B - 1, 0)])
+    del q, k, v
+    Lk = 2 ** 31 // (128 * 128) + 1                          # 131073 keys: key offsets reach 2³¹ + 16384 elements
+    k, v = (randn(1, Lk, 128, 128) for _ in range(2))
+    q = randn(1, 16, 128, 128)
+    assert k.numel() > 2 ** 31
+    out = flash_attn_func(q, k, v, causal=True)
+    for h in (0, 127):
+        o_ref = attention_ref(q[:, :, h:h+1].transpose(1, 2), k[:, :, h:h+1].transpose(1, 2), v[:, :, h:h+1].transpose(1, 2), causal=True)[0]
+        max_abs, rel = errors(out[:, :, h:h+1].transpose(1, 2), o_ref.double())
+        assert max_abs <= TOL[torch.float16][0] and rel <= TOL[torch.float16][1], (h, max_abs, rel)
