@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/triton_forward.html.md"""
 # %% auto #0
 __all__ = ['LOG2E', 'LN2', 'TUNED_HEAD_DIMS', 'MAX_HEAD_DIM', 'attention', 'flash_attn_func', 'warmup']
 
-# %% ../nbs/03_triton_forward.ipynb #d7814ec0
+# %% ../nbs/03_triton_forward.ipynb #ae1a479c
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
@@ -18,11 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-# %% ../nbs/03_triton_forward.ipynb #73719306
+# %% ../nbs/03_triton_forward.ipynb #afc9f25c
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x · log2 e): scores are scaled by scale · LOG2E once
 LN2 = math.log(2.0)        # natural log from base 2: log(x) = log2(x) · ln 2
 
-# %% ../nbs/03_triton_forward.ipynb #d54b2afd
+# %% ../nbs/03_triton_forward.ipynb #93f06cb3
 @triton.jit
 def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
     "Load a (rows, BLOCK_D) tile; rows ≥ n_rows (when CHECK_ROWS) and columns ≥ HEAD_DIM read as 0."
@@ -34,7 +34,7 @@ def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.c
         else: x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     return x
 
-# %% ../nbs/03_triton_forward.ipynb #de65700a
+# %% ../nbs/03_triton_forward.ipynb #615a92ab
 @triton.jit
 def _kv_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     "Keys [0, full_end) need no mask, [full_end, end) need the element mask; keys from `end` on are never loaded."
@@ -50,7 +50,7 @@ def _kv_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: 
     full_end = (fewest // BLOCK_N) * BLOCK_N                  # a partial last tile needs the Lk mask: never "full"
     return full_end, most
 
-# %% ../nbs/03_triton_forward.ipynb #12e49133
+# %% ../nbs/03_triton_forward.ipynb #e7a729f1
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float32) and the Q tile
                     k_ptrs, v_ptrs, stride_kn, stride_vn,  # K, V tile pointers at key `lo`, row strides
@@ -84,7 +84,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
-# %% ../nbs/03_triton_forward.ipynb #a82a39f9
+# %% ../nbs/03_triton_forward.ipynb #48bddb32
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "tune_rows", "tune_seqlen_k"])
 def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (B, H, L, D) any strides; lse (B, Hq, Lq) contiguous
               stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
@@ -134,7 +134,7 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     else: tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok & (offs_d[None, :] < HEAD_DIM))
     tl.store(LSE + off_zh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
-# %% ../nbs/03_triton_forward.ipynb #44261f35
+# %% ../nbs/03_triton_forward.ipynb #ffdbbb67
 _INTERPRETER_CONFIG = triton.Config(dict(BLOCK_M=32, BLOCK_N=16), num_warps=4, num_stages=1)
 
 _CANDIDATES = [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
@@ -183,7 +183,7 @@ def _bucket(n:int, lo:int, hi:int) -> int:
     "The power of two at or above n, clamped to [lo, hi]: one autotune key for many lengths."
     return min(max(triton.next_power_of_2(max(n, 1)), lo), hi)
 
-# %% ../nbs/03_triton_forward.ipynb #97cb9410
+# %% ../nbs/03_triton_forward.ipynb #fd41fcc2
 _DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
@@ -235,7 +235,7 @@ def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
     _check_interpreter()
     return B, Hq, Hkv, Lq, Lk, D
 
-# %% ../nbs/03_triton_forward.ipynb #6ac715a3
+# %% ../nbs/03_triton_forward.ipynb #8d6a6454
 def _dot_in_fp32(dtype) -> bool:
     "True where tl.dot must take float32 copies: bf16 under Triton's interpreter (see above)."
     return interpreting() and dtype == torch.bfloat16
@@ -254,7 +254,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float):
             _bucket(triton.cdiv(B * Hq * Lq, 128), 1, 1024), _bucket(Lk, 16, 8192),
             HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype))
 
-# %% ../nbs/03_triton_forward.ipynb #07b56f77
+# %% ../nbs/03_triton_forward.ipynb #e301eaf3
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               k:torch.Tensor,         # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
               v:torch.Tensor,         # (B, Hkv, Lk, D) values
@@ -271,7 +271,7 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
     _attention_forward(q, k, v, o, lse, causal, scale)
     return (o, lse) if return_lse else o
 
-# %% ../nbs/03_triton_forward.ipynb #476594c9
+# %% ../nbs/03_triton_forward.ipynb #036de202
 def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 or bf16
                     k:torch.Tensor,             # (B, Lk, Hkv, D) keys; Hq must be a multiple of Hkv
                     v:torch.Tensor,             # (B, Lk, Hkv, D) values
@@ -297,7 +297,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 o
     _attention_forward(q_, k_, v_, out.transpose(1, 2), lse, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale))
     return (out, lse, None) if return_attn_probs else out
 
-# %% ../nbs/03_triton_forward.ipynb #02195e54
+# %% ../nbs/03_triton_forward.ipynb #2a4fc79a
 def warmup(q:torch.Tensor, # (B, Hq, Lq, D) queries shaped like the real ones
            k:torch.Tensor, # (B, Hkv, Lk, D) keys
            v:torch.Tensor, # (B, Hkv, Lk, D) values
