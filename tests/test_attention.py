@@ -3,20 +3,18 @@
 CPU (CI) runs the kernel through Triton's interpreter on small shapes; the same tests run on the GPU on the device.
 Tests marked `gpu` are the seed's full matrix and the large-tensor cases: `pytest -m gpu` on a CUDA machine.
 """
-import math
 import os
 import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import triton_fa2
 import triton_fa2.forward as fwd
-from triton_fa2.forward import MAX_HEAD_DIM, _attention_forward, attention, flash_attn_func, warmup
+from triton_fa2.forward import _attention_forward, attention, flash_attn_func, warmup
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device, interpreting
 

@@ -14,9 +14,8 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import triton_fa2
 from triton_fa2.causal import attention_flops
-from triton_fa2.forward import _attn_fwd_tuned, attention, warmup
+from triton_fa2.forward import attention, warmup
 from triton_fa2.naive import attention_ref
 
 COLUMNS = ["provider", "op", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal",

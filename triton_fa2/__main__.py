@@ -7,15 +7,15 @@ Docs: https://triton-fa2.github.io/triton_fa2/main.html.md"""
 # %% auto #0
 __all__ = ['TOLERANCES', 'check_attention', 'main']
 
-# %% ../nbs/91_main.ipynb #a7ccd812
-from .runtime import default_device, gpu_available, interpreting  # first: decides GPU or interpreter
+# %% ../nbs/91_main.ipynb #4e587b04
+from .runtime import default_device, gpu_available  # first: decides GPU or interpreter
 import torch
 from fastcore.script import call_parse
 import triton_fa2
 from .naive import attention_ref
 from .forward import attention
 
-# %% ../nbs/91_main.ipynb #abab7cb3
+# %% ../nbs/91_main.ipynb #5d6361f6
 TOLERANCES = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # max |o − o_ref| / max(1, |o_ref|max): a few ulps
 
 def check_attention(batch:int=2, heads:int=4, seqlen:int=257, head_dim:int=64, seed:int=0) -> list:
@@ -33,7 +33,7 @@ def check_attention(batch:int=2, heads:int=4, seqlen:int=257, head_dim:int=64, s
             rows.append((str(dtype).removeprefix("torch."), causal, err, TOLERANCES[dtype], err <= TOLERANCES[dtype]))
     return rows
 
-# %% ../nbs/91_main.ipynb #9df2f5b7
+# %% ../nbs/91_main.ipynb #c0737c7f
 @call_parse
 def main(batch:int=2,     # batch size B
          heads:int=4,     # heads H
