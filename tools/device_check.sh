@@ -9,7 +9,7 @@ export JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert's templates, installed 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-  echo "commit ${COMMIT:-unknown (pass COMMIT=…: the device's copy has no reliable git history)}"
+  echo "commit ${COMMIT:-unknown: pass COMMIT=sha, as the copy on the device has no reliable git history}"
   date -u
 } 2>&1 | tee "$OUT/env.txt"
 status=0
