@@ -183,6 +183,15 @@ def test_deterministic_and_warmup():
     assert torch.equal(attention(q, k, v, causal=True), attention(q, k, v, causal=True))
 
 
+def test_fixed_config_bypasses_the_autotuner():
+    "A fixed config runs the kernel without autotuning, bit for bit what the autotuner runs when it picks that config."
+    q, k, v = (randn(1, 2, 45, 64) for _ in range(3))
+    config = warmup(q, k, v, causal=True)
+    o = torch.full_like(q, float("nan")); lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    _attention_forward(q, k, v, o, lse, True, 64 ** -0.5, config=config)
+    assert torch.equal(o, attention(q, k, v, causal=True))
+
+
 def test_public_names():
     "The package's top level exposes the kernel's public API."
     assert triton_fa2.attention is attention and triton_fa2.flash_attn_func is flash_attn_func
@@ -197,14 +206,15 @@ def test_bf16_dot_workaround_only_under_the_interpreter():
 
 q16 = lambda *s: randn(*s)  # noqa: E731
 BAD_INPUTS = [  # (q, k, v, kwargs, exception, message): each names what it received and what is allowed
-    (lambda: (q16(4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, ValueError, r"q must be 4-D \(B, H, L, D\), got q.shape=\(4, 16, 64\)"),
+    (lambda: (q16(4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, ValueError, r"q must have 4 dimensions \(B, H, L, D\), got shape \(4, 16, 64\)"),
     (lambda: (q16(1, 4, 16, 64).float(),) * 3, {}, TypeError, "must all be torch.float16 or all torch.bfloat16"),
     (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 64).bfloat16(), q16(1, 4, 16, 64)), {}, TypeError, "k torch.bfloat16"),
     (lambda: (q16(1, 4, 16, 64).double(), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, TypeError, "got q torch.float64"),
     (lambda: (q16(1, 4, 16, 64), q16(1, 3, 16, 64), q16(1, 3, 16, 64)), {}, ValueError, r"got Hq=4 and Hkv=3; try Hkv in \[1, 2, 4\]"),
-    (lambda: (q16(2, 4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, ValueError, "got B=2 for q and B=1 for k, v"),
-    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 32), q16(1, 4, 16, 32)), {}, ValueError, "got D=64 for q and D=32 for k, v"),
-    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 17, 64)), {}, ValueError, "k and v must have the same shape"),
+    (lambda: (q16(2, 4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 16, 64)), {}, ValueError, "batch sizes differ: q 2, k 1, v 1"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 32), q16(1, 4, 16, 32)), {}, ValueError, "same head dim, got 64 and 32"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 17, 64)), {}, ValueError, "k and v must agree in heads and length"),
+    (lambda: (q16(1, 4, 16, 64), q16(1, 4, 16, 64), q16(1, 4, 16, 32)), {}, ValueError, "got D=64 and Dv=32"),
     (lambda: (q16(1, 4, 16, 12),) * 3, {}, ValueError, "multiple of 8 between 8 and 256, got D=12"),
     (lambda: (q16(1, 4, 16, 264),) * 3, {}, ValueError, "got D=264"),
     (lambda: (q16(1, 4, 16, 128)[..., ::2],) * 3, {}, ValueError, r"call q.contiguous\(\)"),
@@ -222,11 +232,11 @@ def test_bad_inputs(make, kwargs, exc, message):
 
 
 def test_bad_inputs_in_flash_attn_layout():
-    "flash_attn_func's messages speak of its own layout and shapes."
+    "flash_attn_func checks ranks in its own layout, then everything else on the (B, H, L, D) views."
     q, k = randn(1, 16, 4, 64), randn(1, 16, 3, 64)
     with pytest.raises(ValueError, match="got Hq=4 and Hkv=3"): flash_attn_func(q, k, k)
     with pytest.raises(ValueError, match=r"4-D \(B, L, H, D\)"): flash_attn_func(q[0], q, q)
-    with pytest.raises(ValueError, match=r"got k \(1, 16, 4, 64\) and v \(1, 17, 4, 64\)"): flash_attn_func(q, q, randn(1, 17, 4, 64))
+    with pytest.raises(ValueError, match="k and v must agree in heads and length"): flash_attn_func(q, q, randn(1, 17, 4, 64))
 
 
 def test_inputs_that_need_grad_are_refused():
@@ -341,11 +351,7 @@ def test_gpu_every_candidate_is_correct():
             for dtype in DTYPES:
                 q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
                 o = torch.full_like(q, float("nan")); lse = torch.full(q.shape[:3], float("nan"), device=q.device)
-                grid = (fwd.triton.cdiv(Lq, m) * B * Hq,)
-                fwd._attn_fwd[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                                    Hq, Hq // Hkv, Lq, Lk, D ** -0.5 * fwd.LOG2E, 0, 0, HEAD_DIM=D,
-                                    BLOCK_D=fwd.triton.next_power_of_2(D), CAUSAL=causal, DOT_FP32=False,
-                                    BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+                _attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config)
                 o_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=torch.float64)
                 max_abs, rel = errors(o, o_ref)
                 assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], ((m, n, w, s), D, dtype, max_abs, rel)

@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/triton_forward.html.md"""
 # %% auto #0
 __all__ = ['LOG2E', 'TUNED_HEAD_DIMS', 'MAX_HEAD_DIM', 'attention', 'flash_attn_func', 'warmup']
 
-# %% ../nbs/03_triton_forward.ipynb #251c5968
+# %% ../nbs/03_triton_forward.ipynb #cbd3df06
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
@@ -17,12 +17,13 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from .naive import _check_ref_inputs
 
-# %% ../nbs/03_triton_forward.ipynb #ff140aa8
+# %% ../nbs/03_triton_forward.ipynb #1269b49c
 LOG2E = math.log2(math.e)            # exp(x) = exp2(x · log2 e): the host scales scores by scale · LOG2E once
 _LN2 = tl.constexpr(math.log(2.0))    # log(x) = log2(x) · ln 2; a constexpr, so the kernel may read it
 
-# %% ../nbs/03_triton_forward.ipynb #899b1dc2
+# %% ../nbs/03_triton_forward.ipynb #2c1d409a
 @triton.jit
 def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
     "Load a (rows, BLOCK_D) tile; rows ≥ n_rows (when CHECK_ROWS) and columns ≥ HEAD_DIM read as 0."
@@ -34,7 +35,7 @@ def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.c
         else: x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     return x
 
-# %% ../nbs/03_triton_forward.ipynb #76462a35
+# %% ../nbs/03_triton_forward.ipynb #53945405
 @triton.jit
 def _kv_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     "Keys [0, full_end) need no mask, [full_end, end) need the element mask; keys from `end` on are never loaded."
@@ -50,7 +51,7 @@ def _kv_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: 
     full_end = (fewest // BLOCK_N) * BLOCK_N                  # a partial last tile needs the Lk mask: never "full"
     return full_end, most
 
-# %% ../nbs/03_triton_forward.ipynb #cedbdc86
+# %% ../nbs/03_triton_forward.ipynb #cc68915c
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float32) and the Q tile
                     k_ptrs, v_ptrs, stride_kn, stride_vn,  # K, V tile pointers at key `lo`, row strides
@@ -84,7 +85,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
-# %% ../nbs/03_triton_forward.ipynb #0fa52325
+# %% ../nbs/03_triton_forward.ipynb #d484f955
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "tune_rows", "tune_seqlen_k"])
 def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (B, H, L, D) any strides; lse (B, Hq, Lq) contiguous
               stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
@@ -134,7 +135,7 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     else: tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok & (offs_d[None, :] < HEAD_DIM))
     tl.store(LSE + off_zh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
 
-# %% ../nbs/03_triton_forward.ipynb #8f78a6cf
+# %% ../nbs/03_triton_forward.ipynb #f61f46e7
 _INTERPRETER_CONFIG = triton.Config(dict(BLOCK_M=32, BLOCK_N=16), num_warps=4, num_stages=1)
 
 _CANDIDATES = [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
@@ -183,7 +184,7 @@ def _bucket(n:int, lo:int, hi:int) -> int:
     "The power of two at or above n, clamped to [lo, hi]: one autotune key for many lengths."
     return min(max(triton.next_power_of_2(max(n, 1)), lo), hi)
 
-# %% ../nbs/03_triton_forward.ipynb #d0d80514
+# %% ../nbs/03_triton_forward.ipynb #3e66f228
 _DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
@@ -196,15 +197,13 @@ def _check_interpreter():
 
 def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
     "Raise TypeError/ValueError naming the problem; return (B, Hq, Hkv, Lq, Lk, D). `layout` is SDPA's or flash-attn's."
-    for name, t in dict(q=q, k=k, v=v).items():
-        if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4: raise ValueError(f"{name} must be 4-D {layout}, got {name}.shape={tuple(t.shape)}")
-    shapes = dict(k=tuple(k.shape), v=tuple(v.shape))                      # as the caller wrote them, for messages
-    if layout == "(B, L, H, D)": q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if layout == "(B, L, H, D)":
+        for name, t in dict(q=q, k=k, v=v).items():  # rank first, in the caller's layout, then (B, H, L, D) views
+            if isinstance(t, torch.Tensor) and t.dim() != 4: raise ValueError(f"{name} must be 4-D {layout}, got {name}.shape={tuple(t.shape)}")
+        q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
+    _check_ref_inputs(q, k, v, None)              # what any attention needs: tensors, rank, one device, B, D, Hq % Hkv
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k, v must all be torch.float16 or all torch.bfloat16, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}")
     if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreting()):
         raise ValueError(f"q, k, v are on {q.device}, but Triton kernels run on a CUDA GPU; move them with .cuda(), "
                          "or set TRITON_INTERPRET=1 before importing triton_fa2 to run them in Triton's CPU interpreter")
@@ -212,14 +211,8 @@ def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real): raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
         if not math.isfinite(scale): raise ValueError(f"scale must be finite, got {scale}")
-    B, Hq, Lq, D = q.shape
-    if k.shape != v.shape: raise ValueError(f"k and v must have the same shape, got k {shapes['k']} and v {shapes['v']}")
-    Bk, Hkv, Lk, Dk = k.shape
-    if Bk != B: raise ValueError(f"q and k, v must have the same batch size, got B={B} for q and B={Bk} for k, v")
-    if Dk != D: raise ValueError(f"q and k, v must have the same head dim, got D={D} for q and D={Dk} for k, v")
-    if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads, got Hq={Hq} and Hkv={Hkv}; "
-                         f"try Hkv in {[h for h in range(1, Hq + 1) if Hq % h == 0] if Hq else [1]}")
+    (B, Hq, Lq, D), (_, Hkv, Lk, _) = q.shape, k.shape
+    if v.shape[-1] != D: raise ValueError(f"v must have the head dim of q and k, got D={D} and Dv={v.shape[-1]}")
     if D % 8 or not 8 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"head dim must be a multiple of 8 between 8 and {MAX_HEAD_DIM}, got D={D}")
     for name, t in dict(q=q, k=k, v=v).items():
@@ -235,26 +228,29 @@ def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
     _check_interpreter()
     return B, Hq, Hkv, Lq, Lk, D
 
-# %% ../nbs/03_triton_forward.ipynb #e91db7d0
+# %% ../nbs/03_triton_forward.ipynb #e4a3a8cd
 def _dot_in_fp32(dtype) -> bool:
     "True where tl.dot must take float32 copies: bf16 under Triton's interpreter (see above)."
     return interpreting() and dtype == torch.bfloat16
 
-def _attention_forward(q, k, v, o, lse, causal:bool, scale:float):
-    "Launch on (B, H, L, D) views with any strides (last dim contiguous) into preallocated o (B, Hq, Lq, D) and lse (B, Hq, Lq)."
+def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.Config=None):
+    """Launch on (B, H, L, D) views with any strides (last dim contiguous) into preallocated o (B, Hq, Lq, D) and
+    lse (B, Hq, Lq). `config` bypasses the autotuner (tests run every candidate through it)."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq * Lq == 0: return
     assert lse.is_contiguous() and lse.shape == (B, Hq, Lq) and o.shape == q.shape
     grid = lambda META: (triton.cdiv(Lq, META["BLOCK_M"]) * B * Hq,)
+    kernel, meta = (_attn_fwd_tuned, {}) if config is None else \
+        (_attn_fwd, dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages))
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        _attn_fwd_tuned[grid](
+        kernel[grid](
             q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             Hq, Hq // Hkv, Lq, Lk, scale * LOG2E,
             _bucket(triton.cdiv(B * Hq * Lq, 128), 1, 1024), _bucket(Lk, 16, 8192),
-            HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype))
+            HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype), **meta)
 
-# %% ../nbs/03_triton_forward.ipynb #4b0722a3
+# %% ../nbs/03_triton_forward.ipynb #430ed894
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               k:torch.Tensor,         # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
               v:torch.Tensor,         # (B, Hkv, Lk, D) values
@@ -271,7 +267,7 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
     _attention_forward(q, k, v, o, lse, causal, scale)
     return (o, lse) if return_lse else o
 
-# %% ../nbs/03_triton_forward.ipynb #106ec262
+# %% ../nbs/03_triton_forward.ipynb #4d488b13
 def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 or bf16
                     k:torch.Tensor,             # (B, Lk, Hkv, D) keys; Hq must be a multiple of Hkv
                     v:torch.Tensor,             # (B, Lk, Hkv, D) values
@@ -297,7 +293,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 o
     _attention_forward(q_, k_, v_, out.transpose(1, 2), lse, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale))
     return (out, lse, None) if return_attn_probs else out
 
-# %% ../nbs/03_triton_forward.ipynb #1543bb31
+# %% ../nbs/03_triton_forward.ipynb #21390c48
 def warmup(q:torch.Tensor, # (B, Hq, Lq, D) queries shaped like the real ones
            k:torch.Tensor, # (B, Hkv, Lk, D) keys
            v:torch.Tensor, # (B, Hkv, Lk, D) values
