@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/causal.html.md"""
 # %% auto #0
 __all__ = ['causal_pairs', 'attention_flops']
 
-# %% ../nbs/04_causal.ipynb #974c2a85
+# %% ../nbs/04_causal.ipynb #a60ade71
 def causal_pairs(seqlen_q:int, # Lq
                  seqlen_k:int, # Lk
                 ) -> int:      # number of (query, key) pairs with j ≤ i + Lk − Lq

@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/triton_forward.html.md"""
 # %% auto #0
 __all__ = ['LOG2E', 'TUNED_HEAD_DIMS', 'MAX_HEAD_DIM', 'attention', 'flash_attn_func', 'warmup']
 
-# %% ../nbs/03_triton_forward.ipynb #cbd3df06
+# %% ../nbs/03_triton_forward.ipynb #082da5c8
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
@@ -19,11 +19,11 @@ import triton
 import triton.language as tl
 from .naive import _check_ref_inputs
 
-# %% ../nbs/03_triton_forward.ipynb #1269b49c
+# %% ../nbs/03_triton_forward.ipynb #02c7b986
 LOG2E = math.log2(math.e)            # exp(x) = exp2(x · log2 e): the host scales scores by scale · LOG2E once
 _LN2 = tl.constexpr(math.log(2.0))    # log(x) = log2(x) · ln 2; a constexpr, so the kernel may read it
 
-# %% ../nbs/03_triton_forward.ipynb #2c1d409a
+# %% ../nbs/03_triton_forward.ipynb #698e999e
 @triton.jit
 def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
     "Load a (rows, BLOCK_D) tile; rows ≥ n_rows (when CHECK_ROWS) and columns ≥ HEAD_DIM read as 0."
@@ -35,23 +35,22 @@ def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.c
         else: x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     return x
 
-# %% ../nbs/03_triton_forward.ipynb #53945405
+# %% ../nbs/03_triton_forward.ipynb #98fdb9f7
 @triton.jit
-def _kv_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    "Keys [0, full_end) need no mask, [full_end, end) need the element mask; keys from `end` on are never loaded."
+def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Keys [0, full_end) need no mask, [full_end, end) need the element mask; keys from `end` on are never loaded.
+    `first_pos`, `last_pos`: the smallest and largest query position among the block's rows."""
     if CAUSAL:
         offset = seqlen_k - seqlen_q                          # bottom-right: query i sees keys 0 … i + offset
-        first_row = start_m * BLOCK_M
-        last_row = tl.minimum(first_row + BLOCK_M, seqlen_q) - 1
-        fewest = tl.minimum(tl.maximum(first_row + offset + 1, 0), seqlen_k)  # keys the block's first row sees
-        most = tl.minimum(tl.maximum(last_row + offset + 1, 0), seqlen_k)     # keys its last row sees
+        fewest = tl.minimum(tl.maximum(first_pos + offset + 1, 0), seqlen_k)  # keys the earliest query sees
+        most = tl.minimum(tl.maximum(last_pos + offset + 1, 0), seqlen_k)     # keys the latest query sees
     else:
         fewest = seqlen_k
         most = seqlen_k
     full_end = (fewest // BLOCK_N) * BLOCK_N                  # a partial last tile needs the Lk mask: never "full"
     return full_end, most
 
-# %% ../nbs/03_triton_forward.ipynb #cc68915c
+# %% ../nbs/03_triton_forward.ipynb #8c2d3e4d
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float32) and the Q tile
                     k_ptrs, v_ptrs, stride_kn, stride_vn,  # K, V tile pointers at key `lo`, row strides
@@ -85,7 +84,37 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
-# %% ../nbs/03_triton_forward.ipynb #d484f955
+# %% ../nbs/03_triton_forward.ipynb #9e4d3954
+@triton.jit
+def _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M: tl.constexpr, PACK_GQA: tl.constexpr):
+    """Rows of Q block `start_m` as (rows, head in the KV group, query position, smallest and largest position).
+    `num_rows` is Lq, or g·Lq when PACK_GQA; rows ≥ num_rows are padding."""
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    first_row = start_m * BLOCK_M
+    last_row = tl.minimum(first_row + BLOCK_M, num_rows) - 1
+    if PACK_GQA:
+        group_heads = rows // seqlen_q
+        positions = rows % seqlen_q
+        one_head = first_row // seqlen_q == last_row // seqlen_q
+        first_pos = tl.where(one_head, first_row % seqlen_q, 0)
+        last_pos = tl.where(one_head, last_row % seqlen_q, seqlen_q - 1)
+    else:
+        group_heads = tl.zeros([BLOCK_M], dtype=tl.int32)
+        positions = rows
+        first_pos = first_row
+        last_pos = last_row
+    return rows, group_heads, positions, first_pos, last_pos
+
+@triton.jit
+def _normalize_rows(acc, l_i, m_i):
+    "The epilogue: O = acc / l (0 where a row saw nothing), natural-log LSE = (m + log2 l) · ln 2 (−∞ there)."
+    seen_nothing = l_i == 0.0                           # causal rows before the first key, Lk = 0, an empty split
+    l_safe = tl.where(seen_nothing, 1.0, l_i)
+    o = acc / l_safe[:, None]                           # FA2: the only division, once per row
+    lse = tl.where(seen_nothing, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)
+    return o, lse
+
+# %% ../nbs/03_triton_forward.ipynb #d33430f1
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "tune_rows", "tune_seqlen_k"])
 def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (B, H, L, D) any strides; lse (B, Hq, Lq) contiguous
               stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
@@ -93,28 +122,42 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
               num_heads_q, group_size, seqlen_q, seqlen_k,
               qk_scale,                                 # softmax scale · log2(e)
               tune_rows, tune_seqlen_k,                 # only for the autotuner's key
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PACK_GQA: tl.constexpr,
+              DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     pid = tl.program_id(0)
-    num_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
+    if PACK_GQA:                                        # a program per (block of g·Lq rows, batch, KV head)
+        num_rows = seqlen_q * group_size
+        grid_heads = num_heads_q // group_size
+    else:                                               # a program per (block of Lq rows, batch, query head)
+        num_rows = seqlen_q
+        grid_heads = num_heads_q
+    num_m_blocks = tl.cdiv(num_rows, BLOCK_M)
     start_m = pid % num_m_blocks                        # Q blocks of one head are neighbours: K, V stay in L2
     off_zh = pid // num_m_blocks
-    off_z = (off_zh // num_heads_q).to(tl.int64)
-    off_h = (off_zh % num_heads_q).to(tl.int64)
-    off_hkv = off_h // group_size                       # GQA: query heads h·g … h·g+g−1 share KV head h
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_z = (off_zh // grid_heads).to(tl.int64)
+    rows, group_heads, offs_m, first_pos, last_pos = _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M, PACK_GQA)
+    if PACK_GQA:
+        off_hkv = (off_zh % grid_heads).to(tl.int64)
+        heads = (off_hkv * group_size + group_heads)[:, None].to(tl.int64)  # each row's query head
+        q_rows = heads * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm
+        o_rows = heads * stride_oh + offs_m[:, None].to(tl.int64) * stride_om
+    else:
+        off_h = (off_zh % grid_heads).to(tl.int64)
+        off_hkv = off_h // group_size                   # GQA: query heads h·g … h·g+g−1 share KV head h
+        q_rows = off_h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm
+        o_rows = off_h * stride_oh + offs_m[:, None].to(tl.int64) * stride_om
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
+    q_ptrs = Q + off_z * stride_qz + q_rows + offs_d[None, :]
     k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :]
     v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
-    q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)  # once, for the whole loop
+    q = _load_rows(q_ptrs, rows, num_rows, offs_d, HEAD_DIM, BLOCK_D, True)  # once, for the whole loop
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full_end, end = _kv_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    full_end, end = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
     diag_offset = seqlen_k - seqlen_q
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     0, full_end, seqlen_k, diag_offset, qk_scale,
@@ -125,17 +168,14 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
                                     full_end, end, seqlen_k, diag_offset, qk_scale,
                                     True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32)
 
-    seen_nothing = l_i == 0.0                           # causal rows before the first key, or Lk = 0
-    l_safe = tl.where(seen_nothing, 1.0, l_i)
-    acc = acc / l_safe[:, None]                         # FA2: the only division, once per row
-    lse = tl.where(seen_nothing, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)
-    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]
-    row_ok = offs_m[:, None] < seqlen_q
-    if BLOCK_D == HEAD_DIM: tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok)
-    else: tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok & (offs_d[None, :] < HEAD_DIM))
-    tl.store(LSE + off_zh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    o, lse = _normalize_rows(acc, l_i, m_i)
+    o_ptrs = O + off_z * stride_oz + o_rows + offs_d[None, :]
+    row_ok = rows[:, None] < num_rows
+    if BLOCK_D == HEAD_DIM: tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok)
+    else: tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok & (offs_d[None, :] < HEAD_DIM))
+    tl.store(LSE + off_zh.to(tl.int64) * num_rows + rows, lse, mask=rows < num_rows)
 
-# %% ../nbs/03_triton_forward.ipynb #f61f46e7
+# %% ../nbs/03_triton_forward.ipynb #e605d8fa
 _INTERPRETER_CONFIG = triton.Config(dict(BLOCK_M=32, BLOCK_N=16), num_warps=4, num_stages=1)
 
 _CANDIDATES = [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
@@ -177,14 +217,14 @@ def _bench_candidate(fn, quantiles):
 
 _attn_fwd_tuned = triton.autotune(
     configs=[_INTERPRETER_CONFIG] if interpreting() else _gpu_configs(),
-    key=["HEAD_DIM", "CAUSAL", "tune_rows", "tune_seqlen_k"],
+    key=["HEAD_DIM", "CAUSAL", "PACK_GQA", "tune_rows", "tune_seqlen_k"],
     prune_configs_by=dict(early_config_prune=_prune_configs), do_bench=_bench_candidate)(_attn_fwd)
 
 def _bucket(n:int, lo:int, hi:int) -> int:
     "The power of two at or above n, clamped to [lo, hi]: one autotune key for many lengths."
     return min(max(triton.next_power_of_2(max(n, 1)), lo), hi)
 
-# %% ../nbs/03_triton_forward.ipynb #3e66f228
+# %% ../nbs/03_triton_forward.ipynb #1f268370
 _DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
@@ -228,19 +268,27 @@ def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
     _check_interpreter()
     return B, Hq, Hkv, Lq, Lk, D
 
-# %% ../nbs/03_triton_forward.ipynb #e4a3a8cd
+# %% ../nbs/03_triton_forward.ipynb #5a768722
 def _dot_in_fp32(dtype) -> bool:
     "True where tl.dot must take float32 copies: bf16 under Triton's interpreter (see above)."
     return interpreting() and dtype == torch.bfloat16
 
-def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.Config=None):
+def _should_pack_gqa(seqlen_q:int, group_size:int, block_m:int=128) -> bool:
+    "Pack a KV head's g query heads into one Q block when that fills blocks much better (flash-attn 3's rule; see 05)."
+    if group_size == 1: return False
+    fill = lambda rows: rows / (triton.cdiv(rows, block_m) * block_m)
+    return fill(seqlen_q) < 0.9 * fill(seqlen_q * group_size)
+
+def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.Config=None, pack_gqa:bool=None):
     """Launch on (B, H, L, D) views with any strides (last dim contiguous) into preallocated o (B, Hq, Lq, D) and
-    lse (B, Hq, Lq). `config` bypasses the autotuner (tests run every candidate through it)."""
+    lse (B, Hq, Lq). `config` bypasses the autotuner (tests run every candidate through it); `pack_gqa` None decides."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq * Lq == 0: return
     assert lse.is_contiguous() and lse.shape == (B, Hq, Lq) and o.shape == q.shape
-    grid = lambda META: (triton.cdiv(Lq, META["BLOCK_M"]) * B * Hq,)
+    pack = _should_pack_gqa(Lq, Hq // Hkv) if pack_gqa is None else pack_gqa
+    rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack else (Lq, Hq)
+    grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]) * B * grid_heads,)
     kernel, meta = (_attn_fwd_tuned, {}) if config is None else \
         (_attn_fwd, dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages))
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
@@ -248,9 +296,10 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
             q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             Hq, Hq // Hkv, Lq, Lk, scale * LOG2E,
             _bucket(triton.cdiv(B * Hq * Lq, 128), 1, 1024), _bucket(Lk, 16, 8192),
-            HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype), **meta)
+            HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal, PACK_GQA=pack,
+            DOT_FP32=_dot_in_fp32(q.dtype), **meta)
 
-# %% ../nbs/03_triton_forward.ipynb #430ed894
+# %% ../nbs/03_triton_forward.ipynb #a5efbf73
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               k:torch.Tensor,         # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
               v:torch.Tensor,         # (B, Hkv, Lk, D) values
@@ -267,7 +316,7 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
     _attention_forward(q, k, v, o, lse, causal, scale)
     return (o, lse) if return_lse else o
 
-# %% ../nbs/03_triton_forward.ipynb #4d488b13
+# %% ../nbs/03_triton_forward.ipynb #ebfc0eab
 def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 or bf16
                     k:torch.Tensor,             # (B, Lk, Hkv, D) keys; Hq must be a multiple of Hkv
                     v:torch.Tensor,             # (B, Lk, Hkv, D) values
@@ -293,7 +342,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 o
     _attention_forward(q_, k_, v_, out.transpose(1, 2), lse, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale))
     return (out, lse, None) if return_attn_probs else out
 
-# %% ../nbs/03_triton_forward.ipynb #21390c48
+# %% ../nbs/03_triton_forward.ipynb #68176b48
 def warmup(q:torch.Tensor, # (B, Hq, Lq, D) queries shaped like the real ones
            k:torch.Tensor, # (B, Hkv, Lk, D) keys
            v:torch.Tensor, # (B, Hkv, Lk, D) values

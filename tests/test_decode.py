@@ -1,0 +1,268 @@
+"""Split-KV decode (`decode`), its combine kernel and `merge_attention_states`, against `attention_ref` in float64.
+
+Caches hold NaN past each sequence's length, as a server's may: anything read from there would poison the result.
+Under the interpreter the decode tile is 16 keys and the heuristic assumes 8 SMs, so small caches split for real.
+"""
+import pytest
+import torch
+
+import triton_fa2
+import triton_fa2.decode as dec
+from triton_fa2.decode import (_choose_num_splits, _decode_forward, decode, merge_attention_states,
+                               num_splits_heuristic)
+from triton_fa2.forward import attention
+from triton_fa2.naive import attention_ref
+from test_attention import DEVICE, DTYPES, LSE_TOL, TOL, errors, randn
+
+
+def nan_cache(B, Hkv, Lmax, D, seqlens, dtype=torch.float16):
+    "A random cache whose positions past each sequence's length hold NaN."
+    cache = randn(B, Hkv, Lmax, D, dtype=dtype)
+    past = torch.arange(Lmax, device=cache.device)[None, :] >= seqlens.to(cache.device)[:, None]
+    return cache.masked_fill(past[:, None, :, None], float("nan"))
+
+
+def run(q, k, v, seqlens, causal, num_splits, config=None):
+    "The decode launch into NaN-poisoned outputs (every element must be written); returns (o, lse)."
+    o = torch.full_like(q, float("nan")); lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    _decode_forward(q, k, v, None if seqlens is None else seqlens.to(q.device, torch.int32), o, lse, causal,
+                    q.shape[-1] ** -0.5, num_splits, config)
+    assert not o.isnan().any() and not lse.isnan().any(), "an element was left unwritten, or NaN leaked from the cache"
+    return o, lse
+
+
+def assert_matches(o, lse, o_ref, lse_ref, dtype):
+    max_abs, rel = errors(o, o_ref)
+    assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], (max_abs, rel)
+    torch.testing.assert_close(lse.double(), lse_ref, **LSE_TOL)   # −∞ exactly where the reference has it
+
+
+# (B, Hq, Hkv, Lq, seqlens) with Lmax = 70, D = 64; 16-key tiles: 70 = 4 full tiles + 6 keys
+DECODE_CASES = [
+    (1, 8, 2, 1, [70]),            # B=1, GQA 4:1, one token, full cache: the heuristic splits 1 sequence
+    (2, 4, 2, 1, [1, 70]),         # GQA 2:1, lengths 1 and Lmax: a one-key sequence leaves splits empty
+    (3, 6, 1, 4, [1, 33, 70]),     # MQA, Lq = 4: 24 packed rows; seq 0's first three queries see nothing
+    (3, 4, 4, 4, [70, 16, 5]),     # MHA (g = 1), Lq = 4, a length on a tile boundary and one inside the first tile
+]
+
+
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, lens", DECODE_CASES)
+@pytest.mark.parametrize("num_splits", [1, 3, 7, None])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_matches_reference(B, Hq, Hkv, Lq, lens, num_splits, dtype):
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    q = randn(B, Hq, Lq, 64, dtype=dtype)
+    k, v = nan_cache(B, Hkv, 70, 64, seqlens, dtype), nan_cache(B, Hkv, 70, 64, seqlens, dtype)
+    o_ref, lse_ref = attention_ref(q, k, v, causal=True, kv_lens=seqlens, upcast=torch.float64)
+    splits = num_splits or _choose_num_splits(B, Hkv, Hq // Hkv * Lq, 70, q.device)
+    o, lse = run(q, k, v, seqlens, True, splits)
+    assert_matches(o, lse, o_ref, lse_ref, dtype)
+    o2, lse2 = decode(q, k, v, cache_seqlens=seqlens, num_splits=num_splits, return_lse=True)
+    assert torch.equal(o2, o) and torch.equal(lse2, lse), "decode() must run the same launch, deterministically"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forced_splits_agree_with_the_heuristic(dtype):
+    "num_splits 1, 3, 7 give the heuristic's result up to summation order; the heuristic does split here."
+    seqlens = torch.tensor([70, 9], dtype=torch.int32)
+    q = randn(2, 8, 1, 64, dtype=dtype)
+    k, v = nan_cache(2, 2, 70, 64, seqlens, dtype), nan_cache(2, 2, 70, 64, seqlens, dtype)
+    chosen = _choose_num_splits(2, 2, 4, 70, q.device)
+    assert chosen > 1 or DEVICE.type == "cuda"
+    o_auto, lse_auto = decode(q, k, v, cache_seqlens=seqlens, return_lse=True)
+    for splits in (1, 3, 7):
+        o, lse = decode(q, k, v, cache_seqlens=seqlens, num_splits=splits, return_lse=True)
+        torch.testing.assert_close(o.float(), o_auto.float(), atol=TOL[dtype][0], rtol=0)
+        torch.testing.assert_close(lse, lse_auto, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_without_seqlens_decode_is_attention(causal):
+    "cache_seqlens=None: every key valid; the result is attention's, bottom-right causal, for Lq ≤ Lk and Lq > Lk."
+    for Lq, Lk in [(1, 50), (5, 50), (9, 4)]:
+        q, k, v = randn(2, 4, Lq, 32), randn(2, 2, Lk, 32), randn(2, 2, Lk, 32)
+        o, lse = run(q, k, v, None, causal, 3)
+        o_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=torch.float64)
+        assert_matches(o, lse, o_ref, lse_ref, torch.float16)
+        torch.testing.assert_close(o, attention(q, k, v, causal=causal), atol=2e-3, rtol=0)
+
+
+def test_non_causal_with_seqlens():
+    "Non-causal decode still stops at each sequence's length."
+    seqlens = torch.tensor([3, 64], dtype=torch.int32)
+    q, k, v = randn(2, 2, 4, 64), nan_cache(2, 2, 64, 64, seqlens), nan_cache(2, 2, 64, 64, seqlens)
+    o, lse = run(q, k, v, seqlens, False, 2)
+    assert_matches(o, lse, *attention_ref(q, k, v, kv_lens=seqlens, upcast=torch.float64), torch.float16)
+
+
+def test_many_splits_more_than_tiles():
+    "40 splits of a 70-key cache (5 tiles): 35+ empty splits, and a combine that loops over 16-split chunks."
+    seqlens = torch.tensor([70, 2], dtype=torch.int32)
+    q, k, v = randn(2, 4, 1, 64), nan_cache(2, 2, 70, 64, seqlens), nan_cache(2, 2, 70, 64, seqlens)
+    o, lse = run(q, k, v, seqlens, True, 40)
+    assert_matches(o, lse, *attention_ref(q, k, v, causal=True, kv_lens=seqlens, upcast=torch.float64), torch.float16)
+
+
+@pytest.mark.parametrize("D", [8, 80, 256])
+def test_head_dims(D):
+    "Smallest, masked-column and largest head dims through the split path."
+    seqlens = torch.tensor([40, 17], dtype=torch.int32)
+    q, k, v = randn(2, 4, 2, D, dtype=torch.bfloat16), nan_cache(2, 2, 40, D, seqlens, torch.bfloat16), nan_cache(2, 2, 40, D, seqlens, torch.bfloat16)
+    o, lse = run(q, k, v, seqlens, True, 3)
+    assert_matches(o, lse, *attention_ref(q, k, v, causal=True, kv_lens=seqlens, upcast=torch.float64), torch.bfloat16)
+
+
+def test_strided_caches():
+    "A (B, L, H, D) cache seen as (B, H, L, D), sliced to fewer positions than it holds; q a strided view too."
+    k_blhd, v_blhd = randn(2, 90, 2, 64), randn(2, 90, 2, 64)
+    k, v = k_blhd.transpose(1, 2)[:, :, :60], v_blhd.transpose(1, 2)[:, :, :60]
+    q = randn(2, 1, 8, 64).transpose(1, 2)                       # (B, Hq=8, Lq=1, D) view
+    seqlens = torch.tensor([60, 31], dtype=torch.int32)
+    o, lse = run(q, k, v, seqlens, True, 3)
+    assert_matches(o, lse, *attention_ref(q, k, v, causal=True, kv_lens=seqlens, upcast=torch.float64), torch.float16)
+
+
+def test_empty_caches_and_zero_sizes():
+    "Lengths of 0 and Lmax = 0 give O = 0, lse = −∞; empty batch, heads or queries give empty outputs."
+    q = randn(2, 4, 1, 32)
+    for k in (nan_cache(2, 2, 20, 32, torch.tensor([0, 0])), randn(2, 2, 0, 32)):
+        seqlens = torch.zeros(2, dtype=torch.int32)
+        o, lse = decode(q, k, k, cache_seqlens=seqlens if k.shape[2] else None, num_splits=3, return_lse=True)
+        assert o.abs().max().item() == 0.0 and (lse == float("-inf")).all()
+    for B, Hq, Lq in [(0, 2, 1), (1, 2, 0)]:
+        kv = randn(B, 2, 8, 32)
+        o, lse = decode(randn(B, Hq, Lq, 32), kv, kv, return_lse=True)
+        assert o.shape == (B, Hq, Lq, 32) and lse.shape == (B, Hq, Lq)
+
+
+def test_int64_seqlens_and_public_names():
+    seqlens = torch.tensor([5, 30], dtype=torch.int64)
+    q, k, v = randn(2, 2, 1, 32), nan_cache(2, 2, 30, 32, seqlens), nan_cache(2, 2, 30, 32, seqlens)
+    assert not decode(q, k, v, cache_seqlens=seqlens).isnan().any()
+    assert triton_fa2.decode is decode and triton_fa2.merge_attention_states is merge_attention_states
+
+
+BAD = [
+    (dict(cache_seqlens=[3, 4]), TypeError, "cache_seqlens must be an int32 torch.Tensor"),
+    (dict(cache_seqlens=torch.tensor([3.0, 4.0])), TypeError, "cache_seqlens must be an int32"),
+    (dict(cache_seqlens=torch.tensor([3], dtype=torch.int32)), ValueError, r"cache_seqlens must have shape \(2,\)"),
+    (dict(cache_seqlens=torch.tensor([3, 31], dtype=torch.int32)), ValueError, r"must lie in \[0, Lmax=30\]"),
+    (dict(cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32)), ValueError, "got min -1"),
+    (dict(num_splits=0), ValueError, "num_splits must be between 1 and 1024"),
+    (dict(num_splits=2.0), TypeError, "num_splits must be an int"),
+    (dict(num_splits=True), TypeError, "num_splits must be an int"),
+    (dict(causal=1), TypeError, "causal must be a bool"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, message", BAD)
+def test_bad_inputs(kwargs, exc, message):
+    q, k = randn(2, 4, 1, 32), randn(2, 2, 30, 32)
+    with pytest.raises(exc, match=message): decode(q, k, k, **kwargs)
+    with pytest.raises(ValueError, match="Hq=4 and Hkv=3"): decode(q, randn(2, 3, 30, 32), randn(2, 3, 30, 32))
+    with pytest.raises(TypeError, match="float16 or all torch.bfloat16"): decode(q.float(), k, k)
+
+
+def test_heuristic():
+    "FlashAttention-2's rule, including its own worked example, and bounds over many launches."
+    assert num_splits_heuristic(48, 108, 64) == 2
+    assert num_splits_heuristic(512, 132, 32) == 1 and num_splits_heuristic(106, 132, 64) == 1
+    assert num_splits_heuristic(64, 132, 64) == 2 and num_splits_heuristic(8, 132, 256) == 14
+    for programs in range(1, 200):
+        for blocks in (1, 2, 7, 64, 256):
+            assert 1 <= num_splits_heuristic(programs, 132, blocks) <= blocks
+
+
+def test_merge_attention_states_over_chunks():
+    "attention over [K1; K2] = merge(attention over K1, attention over K2), non-causal, fp16 and bf16, through the kernel."
+    for dtype in DTYPES:
+        q, k, v = randn(2, 4, 9, 64, dtype=dtype), randn(2, 2, 70, 64, dtype=dtype), randn(2, 2, 70, 64, dtype=dtype)
+        o1, l1 = attention(q, k[:, :, :30], v[:, :, :30], return_lse=True)
+        o2, l2 = attention(q, k[:, :, 30:], v[:, :, 30:], return_lse=True)
+        o, lse = merge_attention_states(o1, l1, o2, l2)
+        assert o.dtype == dtype and lse.dtype == torch.float32
+        assert_matches(o, lse, *attention_ref(q, k, v, upcast=torch.float64), dtype)
+
+
+def test_merge_attention_states_invisible_chunks():
+    """Causal chunks computed by decode with per-chunk lengths: a row that cannot see chunk 2 gets lse −∞ there,
+    whatever that chunk's O holds (NaN here); a row that sees neither chunk comes out O = 0, lse = −∞."""
+    q, k, v = randn(1, 2, 6, 32), randn(1, 2, 40, 32), randn(1, 2, 40, 32)
+    o_ref, lse_ref = attention_ref(q, k, v, causal=True, upcast=torch.float64)   # row i sees keys ≤ i + 34
+    o_a, lse_a = attention(q, k[:, :, :36], v[:, :, :36], causal=True, return_lse=True)  # rows see keys ≤ i + 30 …
+    # … not what we want: bottom-right alignment moves with Lk, so compute chunk 1 as the reference's visibility
+    s = (q.double() @ k.double().transpose(-1, -2)) * 32 ** -0.5
+    visible = torch.arange(40)[None, :] <= torch.arange(6)[:, None] + 34
+    def part(lo, hi):
+        sp = s[..., lo:hi].masked_fill(~visible[:, lo:hi], float("-inf"))
+        lse = torch.logsumexp(sp, -1)
+        return torch.exp(sp - lse.masked_fill(lse.isinf(), 0)[..., None]) @ v.double()[:, :, lo:hi], lse
+    (o1, l1), (o2, l2) = part(0, 36), part(36, 40)
+    assert l2[..., 0].isinf().all() and l2[..., 1].isinf().all()    # rows 0, 1 see none of keys 36 … 39
+    o2[..., :2, :] = float("nan")
+    o, lse = merge_attention_states(o1, l1, o2, l2)
+    torch.testing.assert_close(o, o_ref); torch.testing.assert_close(lse, lse_ref)
+    o, lse = merge_attention_states(o2, l2, o2, l2)
+    assert (o[..., :2, :] == 0).all() and (lse[..., :2] == float("-inf")).all()
+
+
+def test_merge_attention_states_bad_inputs():
+    o, lse = randn(2, 3, 16), torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="one shape"): merge_attention_states(o, lse, o[:1], lse)
+    with pytest.raises(ValueError, match="shape of o without its last dim"): merge_attention_states(o, lse, o, lse[:1])
+    with pytest.raises(TypeError, match="lse_b must be a floating-point"): merge_attention_states(o, lse, o, lse.long())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, Hq, Hkv, Lmax, D", [(8, 32, 8, 8192, 128), (1, 32, 8, 32768, 128), (64, 32, 8, 4096, 128),
+                                                 (16, 16, 16, 3000, 64)])
+@pytest.mark.parametrize("Lq", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_decode_shapes(B, Hq, Hkv, Lmax, D, Lq, dtype):
+    "The issue's decode shapes, ragged lengths (1 and Lmax included), NaN past them; sampled sequences vs float32."
+    seqlens = torch.randint(1, Lmax + 1, (B,), device="cuda", dtype=torch.int32)
+    seqlens[0], seqlens[-1] = (1, Lmax) if B > 1 else (Lmax, Lmax)
+    q = randn(B, Hq, Lq, D, dtype=dtype)
+    k, v = nan_cache(B, Hkv, Lmax, D, seqlens, dtype), nan_cache(B, Hkv, Lmax, D, seqlens, dtype)
+    o, lse = run(q, k, v, seqlens, True, _choose_num_splits(B, Hkv, Hq // Hkv * Lq, Lmax, q.device))
+    for b in sorted({0, B // 2, B - 1}):
+        o_ref, lse_ref = attention_ref(q[b:b+1], k[b:b+1], v[b:b+1], causal=True, kv_lens=seqlens[b:b+1])
+        max_abs, rel = errors(o[b:b+1], o_ref.double())
+        assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], (b, max_abs, rel)
+        torch.testing.assert_close(lse[b:b+1], lse_ref, atol=1e-4, rtol=1e-4)
+    o1, _ = run(q, k, v, seqlens, True, 1)                  # unsplit: the same answer
+    assert (o1.float() - o.float()).abs().max().item() <= TOL[dtype][0]
+
+
+@pytest.mark.gpu
+def test_gpu_every_decode_candidate():
+    "Whichever decode config the autotuner picks must be right."
+    seqlens = torch.tensor([1, 777, 3000], device="cuda", dtype=torch.int32)
+    for n, w, s in dec._DECODE_CANDIDATES:
+        config = dec.triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s)
+        for D, Lq in [(128, 1), (64, 4), (256, 2)]:
+            if dec._smem_bytes(dec._decode_block_m(4 * Lq), n, D, s) > dec._max_smem(0): continue
+            q = randn(3, 8, Lq, D, dtype=torch.bfloat16)
+            k, v = nan_cache(3, 2, 3000, D, seqlens, torch.bfloat16), nan_cache(3, 2, 3000, D, seqlens, torch.bfloat16)
+            o, lse = run(q, k, v, seqlens, True, 5, config)
+            o_ref, lse_ref = attention_ref(q, k, v, causal=True, kv_lens=seqlens, upcast=torch.float64)
+            max_abs, rel = errors(o, o_ref)
+            assert max_abs <= TOL[torch.bfloat16][0] and rel <= TOL[torch.bfloat16][1], ((n, w, s), D, max_abs, rel)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_with_growing_lengths():
+    "One captured decode step replays correctly as the lengths change in place: the grid never depends on them."
+    B, Hq, Hkv, Lmax, D = 4, 32, 8, 4096, 128
+    q = randn(B, Hq, 1, D, dtype=torch.bfloat16)
+    k, v = randn(B, Hkv, Lmax, D, dtype=torch.bfloat16), randn(B, Hkv, Lmax, D, dtype=torch.bfloat16)
+    seqlens = torch.tensor([10, 100, 1000, 4000], device="cuda", dtype=torch.int32)
+    decode(q, k, v, cache_seqlens=seqlens); torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph = decode(q, k, v, cache_seqlens=seqlens)
+    for step in range(4):
+        seqlens.add_(333).clamp_(max=Lmax)
+        q.copy_(randn(B, Hq, 1, D, dtype=torch.bfloat16))
+        graph.replay()
+        assert torch.equal(o_graph, decode(q, k, v, cache_seqlens=seqlens)), step
