@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import triton_fa2
-import triton_fa2.decode as dec
-from triton_fa2.decode import (_choose_num_splits, _decode_forward, decode, merge_attention_states,
+import triton_fa2.split_kv as dec
+from triton_fa2.split_kv import (_choose_num_splits, _decode_forward, decode, merge_attention_states,
                                num_splits_heuristic)
 from triton_fa2.forward import attention
 from triton_fa2.naive import attention_ref
@@ -139,7 +139,7 @@ def test_int64_seqlens_and_public_names():
     seqlens = torch.tensor([5, 30], dtype=torch.int64)
     q, k, v = randn(2, 2, 1, 32), nan_cache(2, 2, 30, 32, seqlens), nan_cache(2, 2, 30, 32, seqlens)
     assert not decode(q, k, v, cache_seqlens=seqlens).isnan().any()
-    assert triton_fa2.decode is decode and triton_fa2.merge_attention_states is merge_attention_states
+    assert triton_fa2.split_kv is decode and triton_fa2.merge_attention_states is merge_attention_states
 
 
 BAD = [

@@ -8,8 +8,9 @@ results/decode_bandwidth.csv: decode (Lq = 1, full caches) at the issue's shapes
 the heuristic, and forced to 1) against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends; bandwidth = bytes of
 q, k, v, o over the median time, next to the device-to-device copy ceiling measured here.
 
-Every provider is checked against the float32 reference (sampled heads) before it is timed. Medians of
-triton.testing.do_bench after a warm-up (compilation and autotuning excluded). Inputs that fit in L2 (50 MB) are
+Every provider is checked against the float32 reference (sampled heads) before it is timed. Medians after a warm-up
+(compilation and autotuning excluded), twice: eager calls (triton.testing.do_bench: what a Python loop sees, including
+launch overhead where it exceeds the GPU time) and CUDA-graph replay (do_bench_cudagraph: the GPU time alone). Inputs that fit in L2 (50 MB) are
 rotated through several copies so that no timing reads a warm cache.
 
 Usage (on a GPU): python tools/measure_gqa_decode.py --commit <sha> [--out-dir results]
@@ -22,7 +23,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from triton_fa2.causal import attention_flops
-from triton_fa2.decode import _choose_num_splits, decode
+from triton_fa2.split_kv import _choose_num_splits, decode
 from triton_fa2.forward import _attention_forward, attention
 from triton_fa2.naive import attention_ref
 
@@ -32,13 +33,17 @@ L2_BYTES = 50 * 2 ** 20
 
 
 def bench(fn, inputs):
-    "Median ms of fn(*inputs[i]) cycling through the input sets; all sets are warmed up first."
+    """(eager, graph) median ms of fn(*inputs[i]), cycling through the input sets; all sets are warmed up first.
+    Eager: calls from Python, as a user's loop runs them (host launch overhead included when it exceeds the GPU time).
+    Graph: one CUDA graph holding a call per input set, replayed; GPU time only, as a server's captured decode step."""
     for args in inputs: fn(*args)
     torch.cuda.synchronize()
     i = [0]
     def step():
         fn(*inputs[i[0] % len(inputs)]); i[0] += 1
-    return triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+    eager = triton.testing.do_bench(step, warmup=50, rep=300, return_mode="median")
+    graph = triton.testing.do_bench_cudagraph(lambda: [fn(*args) for args in inputs], rep=200, return_mode="median")
+    return eager, graph / len(inputs)
 
 
 def copies_for(nbytes):
@@ -87,19 +92,22 @@ def run_provider(rows, name, fn, inputs, shape, causal, op, extra, sweep=None):
         torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
         fn(*inputs[0]); torch.cuda.synchronize()
         extra_mem = torch.cuda.max_memory_allocated() - base
-        ms = bench(fn, inputs)
+        ms, ms_graph = bench(fn, inputs)
         skip = ""
     except Exception as e:                                   # a provider that cannot run this shape says why
-        ms, err, extra_mem, skip = float("nan"), float("nan"), float("nan"), f"{type(e).__name__}: {str(e)[:120]}"
+        ms = ms_graph = err = extra_mem = float("nan")
+        skip = f"{type(e).__name__}: {str(e)[:120]}"
     isz = torch.finfo(dtype).bits // 8
     io_bytes = isz * (2 * B * Hq * Lq * D + 2 * B * Hkv * Lk * D)   # q, o, and K, V read once
     row = dict(provider=name, op=op, batch=B, heads_q=Hq, heads_kv=Hkv, seqlen_q=Lq, seqlen_k=Lk, head_dim=D,
                dtype="bf16" if dtype == torch.bfloat16 else "fp16", causal=int(causal), ms=f"{ms:.4f}",
                tflops=f"{attention_flops(B, Hq, Lq, Lk, D, causal) / ms / 1e9:.1f}", tbps=f"{io_bytes / ms / 1e9:.3f}",
-               **extra, max_err_vs_ref=f"{err:.2e}", extra_mem_mb=f"{extra_mem / 2**20:.1f}", skip_reason=skip)
+               **extra, ms_graph=f"{ms_graph:.4f}", tbps_graph=f"{io_bytes / ms_graph / 1e9:.3f}",
+               max_err_vs_ref=f"{err:.2e}", extra_mem_mb=f"{extra_mem / 2**20:.1f}", skip_reason=skip)
     if sweep is not None: row["sweep"] = sweep
     rows.append(row)
-    print(f"{name:<22} {op} {shape[:6]} causal={int(causal)}: {row['ms']} ms, {row['tflops']} TFLOP/s, {row['tbps']} TB/s, "
+    print(f"{name:<22} {op} {shape[:6]} causal={int(causal)}: {row['ms']} ms ({row['ms_graph']} in a graph), {row['tflops']} TFLOP/s, "
+          f"{row['tbps']} TB/s ({row['tbps_graph']} graph), "
           f"err {err:.1e}, extra {extra_mem / 2**20:.0f} MB {skip}", flush=True)
 
 
@@ -109,7 +117,7 @@ def gqa(args, m):
                                           (8, 32, 8, 16, 8192, 128, True), (8, 32, 4, 128, 8192, 128, True)]:
         dtype = torch.bfloat16; shape = (B, Hq, Hkv, Lq, Lk, D, dtype); g = Hq // Hkv
         inputs = make(B, Hq, Hkv, Lq, Lk, D, dtype, copies_for(2 * B * Hkv * Lk * D * 2))
-        op = "prefill" if Lq > 16 else "decode"
+        op = "prefill" if Lq > 16 else "decode"           # SDPA's causal is top-left: only Lq = 1 (sees all) or Lq = Lk match ours
         def unpacked(q, k, v):
             o = torch.empty_like(q); lse = torch.empty(q.shape[:3], device="cuda")
             _attention_forward(q, k, v, o, lse, causal, D ** -0.5, pack_gqa=False); return o
@@ -123,7 +131,7 @@ def gqa(args, m):
                                   ("triton_fa2 (indexed, unpacked)", unpacked, inputs, kv_bytes(Hkv)),
                                   ("repeat_interleave + MHA", repeat, inputs, kv_bytes(Hkv) + 2 * kv_bytes(Hq)),
                                   ("MHA on pre-repeated K/V", lambda q, k, v: attention(q, k, v, causal=causal), pre, kv_bytes(Hq)),
-                                  ("sdpa_flash (enable_gqa)", sdpa(SDPBackend.FLASH_ATTENTION, causal), inputs, kv_bytes(Hkv))]:
+                                  ("sdpa_flash (enable_gqa)", sdpa(SDPBackend.FLASH_ATTENTION, causal and Lq > 1), inputs, kv_bytes(Hkv))]:
             run_provider(rows, name, fn, ins, shape, causal, op, dict(m, kv_hbm_mb_model=f"{kv / 2**20:.1f}"))
         del inputs, pre; torch.cuda.empty_cache()
     return rows
