@@ -139,7 +139,7 @@ def test_int64_seqlens_and_public_names():
     seqlens = torch.tensor([5, 30], dtype=torch.int64)
     q, k, v = randn(2, 2, 1, 32), nan_cache(2, 2, 30, 32, seqlens), nan_cache(2, 2, 30, 32, seqlens)
     assert not decode(q, k, v, cache_seqlens=seqlens).isnan().any()
-    assert triton_fa2.split_kv is decode and triton_fa2.merge_attention_states is merge_attention_states
+    assert triton_fa2.decode is decode and triton_fa2.merge_attention_states is merge_attention_states
 
 
 BAD = [
