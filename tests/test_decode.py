@@ -185,14 +185,12 @@ def test_merge_attention_states_over_chunks():
 
 
 def test_merge_attention_states_invisible_chunks():
-    """Causal chunks computed by decode with per-chunk lengths: a row that cannot see chunk 2 gets lse −∞ there,
-    whatever that chunk's O holds (NaN here); a row that sees neither chunk comes out O = 0, lse = −∞."""
+    """Causal attention in two chunks of keys, each with the whole sequence's visibility: a row that cannot see chunk 2
+    gets lse −∞ there, whatever that chunk's O holds (NaN here); a row that sees neither comes out O = 0, lse = −∞."""
     q, k, v = randn(1, 2, 6, 32), randn(1, 2, 40, 32), randn(1, 2, 40, 32)
     o_ref, lse_ref = attention_ref(q, k, v, causal=True, upcast=torch.float64)   # row i sees keys ≤ i + 34
-    o_a, lse_a = attention(q, k[:, :, :36], v[:, :, :36], causal=True, return_lse=True)  # rows see keys ≤ i + 30 …
-    # … not what we want: bottom-right alignment moves with Lk, so compute chunk 1 as the reference's visibility
     s = (q.double() @ k.double().transpose(-1, -2)) * 32 ** -0.5
-    visible = torch.arange(40)[None, :] <= torch.arange(6)[:, None] + 34
+    visible = torch.arange(40, device=q.device)[None, :] <= torch.arange(6, device=q.device)[:, None] + 34
     def part(lo, hi):
         sp = s[..., lo:hi].masked_fill(~visible[:, lo:hi], float("-inf"))
         lse = torch.logsumexp(sp, -1)

@@ -7,10 +7,10 @@ Docs: https://triton-fa2.github.io/triton_fa2/gqa.html.md"""
 # %% auto #0
 __all__ = ['repeat_kv', 'kv_traffic_bytes']
 
-# %% ../nbs/05_gqa.ipynb #3af6b909
+# %% ../nbs/05_gqa.ipynb #40148a86
 import torch
 
-# %% ../nbs/05_gqa.ipynb #0d30283c
+# %% ../nbs/05_gqa.ipynb #38ff3460
 def repeat_kv(x:torch.Tensor,  # (B, Hkv, L, D) keys or values
               group_size:int,  # g = Hq / Hkv
              ) -> torch.Tensor: # (B, Hkv·g, L, D), a copy: KV head h repeated g times, as query heads h·g … h·g+g−1
@@ -18,7 +18,7 @@ def repeat_kv(x:torch.Tensor,  # (B, Hkv, L, D) keys or values
     B, Hkv, L, D = x.shape
     return x[:, :, None].expand(B, Hkv, group_size, L, D).reshape(B, Hkv * group_size, L, D)
 
-# %% ../nbs/05_gqa.ipynb #0bcf6a12
+# %% ../nbs/05_gqa.ipynb #daa47e3c
 def kv_traffic_bytes(batch:int, heads_q:int, heads_kv:int, seqlen_k:int, head_dim:int, itemsize:int=2,
                      repeat:bool=False, # True: K/V are repeated to Hq heads first (repeat_kv), then read
                     ) -> int:           # minimum HBM bytes of K and V one attention call moves
