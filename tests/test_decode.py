@@ -43,6 +43,7 @@ DECODE_CASES = [
     (2, 4, 2, 1, [1, 70]),         # GQA 2:1, lengths 1 and Lmax: a one-key sequence leaves splits empty
     (3, 6, 1, 4, [1, 33, 70]),     # MQA, Lq = 4: 24 packed rows; seq 0's first three queries see nothing
     (3, 4, 4, 4, [70, 16, 5]),     # MHA (g = 1), Lq = 4, a length on a tile boundary and one inside the first tile
+    (2, 8, 1, 16, [70, 20]),       # MQA, Lq = 16: 128 packed rows = two 64-row Q blocks, each with its own causal bounds
 ]
 
 
