@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/split_kv_decode.html.md"""
 # %% auto #0
 __all__ = ['num_splits_heuristic', 'merge_attention_states', 'decode']
 
-# %% ../nbs/06_split_kv_decode.ipynb #b3c4c9a2
+# %% ../nbs/06_split_kv_decode.ipynb #e25777b7
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
@@ -18,7 +18,7 @@ import triton.language as tl
 from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _dot_in_fp32,
                                 _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _q_block_rows, _smem_bytes)
 
-# %% ../nbs/06_split_kv_decode.ipynb #8926cb94
+# %% ../nbs/06_split_kv_decode.ipynb #994421ff
 def num_splits_heuristic(programs:int,       # programs of the unsplit launch: B · Hkv · Q blocks
                          num_sms:int,        # streaming multiprocessors of the GPU
                          num_key_blocks:int, # ⌈Lk / 128⌉: chunks of keys a split may not cut
@@ -36,7 +36,7 @@ def num_splits_heuristic(programs:int,       # programs of the unsplit launch: B
     best = max(efficiency(s) for s in range(1, max_splits + 1) if eligible(s))
     return next(s for s in range(1, max_splits + 1) if eligible(s) and efficiency(s) >= 0.85 * best)
 
-# %% ../nbs/06_split_kv_decode.ipynb #0b7527b5
+# %% ../nbs/06_split_kv_decode.ipynb #15e8b97d
 def merge_attention_states(o_a:torch.Tensor,   # (..., L, D) attention output over one part of the keys
                            lse_a:torch.Tensor, # (..., L) its natural-log log-sum-exp (float32); −inf where the row saw nothing
                            o_b:torch.Tensor,   # (..., L, D) attention output over a disjoint part
@@ -61,7 +61,7 @@ def merge_attention_states(o_a:torch.Tensor,   # (..., L, D) attention output ov
     o = (part(o_a, w_a) + part(o_b, w_b)) / total.masked_fill(total == 0, 1.0)[..., None]
     return o.to(o_a.dtype), m_use + torch.log(total)           # log 0 = −inf where neither part was visible
 
-# %% ../nbs/06_split_kv_decode.ipynb #449eac30
+# %% ../nbs/06_split_kv_decode.ipynb #efbbc8cb
 @triton.jit(do_not_specialize=["num_heads_kv", "group_size", "seqlen_q", "max_seqlen_k", "num_splits", "tune_work", "tune_seqlen_k"])
 def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); caches (B, Hkv, Lmax, D); O, LSE: (S, B, Hq, Lq[, D])
                 stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
@@ -122,7 +122,7 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     else: tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok & (offs_d[None, :] < HEAD_DIM))
     tl.store(LSE + split * stride_lse_s + off_zh.to(tl.int64) * num_rows + rows, lse, mask=rows < num_rows)
 
-# %% ../nbs/06_split_kv_decode.ipynb #b29b0424
+# %% ../nbs/06_split_kv_decode.ipynb #a33da033
 @triton.jit(do_not_specialize=["num_heads_q", "seqlen_q", "num_splits", "total_rows"])
 def _combine_splits(O_PART, LSE_PART,                     # float32 partials: (S, R, D) and (S, R), R = B·Hq·Lq rows
                     O, LSE,                               # o (B, Hq, Lq, D) any strides; lse (R,) contiguous
@@ -158,7 +158,7 @@ def _combine_splits(O_PART, LSE_PART,                     # float32 partials: (S
     tl.store(O + off_z * stride_oz + off_h * stride_oh + off_m * stride_om + offs_d, o.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
     tl.store(LSE + row, lse)
 
-# %% ../nbs/06_split_kv_decode.ipynb #83e15c1c
+# %% ../nbs/06_split_kv_decode.ipynb #b9d62b7b
 _INTERPRETER_DECODE_CONFIG = triton.Config(dict(BLOCK_N=16), num_warps=4, num_stages=1)
 _DECODE_CANDIDATES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3)]  # (BLOCK_N, warps, stages)
 _INTERPRETER_SMS = 8       # what the heuristic assumes under the interpreter: small shapes split too
@@ -191,7 +191,7 @@ def _choose_num_splits(batch:int, heads_kv:int, rows:int, max_seqlen_k:int, devi
     else: num_sms, key_block = _INTERPRETER_SMS, _INTERPRETER_DECODE_CONFIG.kwargs["BLOCK_N"]
     return num_splits_heuristic(programs, num_sms, triton.cdiv(max_seqlen_k, key_block))
 
-# %% ../nbs/06_split_kv_decode.ipynb #7d74430a
+# %% ../nbs/06_split_kv_decode.ipynb #a11746f0
 def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, scale:float, num_splits:int, config:triton.Config=None):
     """Launch on (B, H, L, D) views into preallocated o (B, Hq, Lq, D) and contiguous lse (B, Hq, Lq).
     `cache_seqlens`: None or int32 (B,) on q's device. `config` bypasses the autotuner."""
@@ -222,7 +222,7 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
             _combine_splits[(B * Hq * Lq,)](o_part, lse_part, o, lse, *o.stride()[:3], Hq, Lq, num_splits, B * Hq * Lq,
                                             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
 
-# %% ../nbs/06_split_kv_decode.ipynb #f58c76fd
+# %% ../nbs/06_split_kv_decode.ipynb #ed8bc57c
 def _check_seqlens(cache_seqlens, batch:int, max_seqlen_k:int, device:torch.device):
     "None, or cache_seqlens as int32 (B,) on `device`; values are checked when they are on the CPU (no GPU sync)."
     if cache_seqlens is None: return None
