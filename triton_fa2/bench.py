@@ -6,9 +6,10 @@ Docs: https://triton-fa2.github.io/triton_fa2/benchmarks.html.md"""
 
 # %% auto #0
 __all__ = ['MONEY_SHOT', 'GQA_PREFILL', 'DECODE', 'CPU_WORKLOADS', 'WORKLOAD_SETS', 'NAIVE_MAX_SCORE_BYTES', 'PROVIDERS',
-           'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'MAX_ERROR', 'L2_BYTES', 'Workload', 'prefill_grid',
-           'select_workloads', 'Unsupported', 'sampled_error', 'measure', 'run_config', 'providers_for', 'run_sweep',
-           'write_rows', 'main']
+           'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'MAX_ERROR', 'L2_BYTES', 'NUMERIC', 'HERO_PROVIDERS',
+           'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'sampled_error', 'measure', 'run_config',
+           'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows', 'main', 'load_results', 'money_shot_table',
+           'markdown_table', 'plot_hero', 'plot_speedup_heatmap', 'plot_decode']
 
 # %% ../nbs/07_benchmarks.ipynb #fa7266d5
 from .runtime import default_device, gpu_available  # first: decides GPU or interpreter
@@ -168,7 +169,7 @@ FLEX_DEFAULT_WORKLOADS = [MONEY_SHOT, Workload("prefill", 1, 32, 32, 16384, 1638
 # %% ../nbs/07_benchmarks.ipynb #c06b6b1b
 COLUMNS = ["provider", "op", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal",
            "ms", "tflops", "tbps", "gpu", "torch", "triton", "commit", "date"]
-EXTRA_COLUMNS = ["ms_graph", "max_err", "peak_mem_mb", "skip_reason"]
+EXTRA_COLUMNS = ["ms_graph", "max_err", "peak_mem_mb", "copy_tbps", "skip_reason"]
 MAX_ERROR = 2e-2
 L2_BYTES = 50 * 2**20          # the H200's L2; rotate inputs smaller than twice this
 
@@ -184,9 +185,9 @@ def sampled_error(w:Workload, o, q, k, v) -> float:
     return err
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
-    row = dict(provider=provider, op=w.op, batch=w.batch, heads_q=w.heads_q, heads_kv=w.heads_kv, seqlen_q=w.seqlen_q,
-               seqlen_k=w.seqlen_k, head_dim=w.head_dim, dtype=w.dtype, causal=int(w.causal), ms="", tflops="", tbps="",
-               **meta, ms_graph="", max_err="", peak_mem_mb="", skip_reason="")
+    row = dict.fromkeys(COLUMNS + EXTRA_COLUMNS, "")      # the CSV's column order
+    row.update(provider=provider, op=w.op, batch=w.batch, heads_q=w.heads_q, heads_kv=w.heads_kv, seqlen_q=w.seqlen_q,
+               seqlen_k=w.seqlen_k, head_dim=w.head_dim, dtype=w.dtype, causal=int(w.causal), **meta)
     row.update(values)
     return row
 
@@ -240,6 +241,12 @@ def run_config(commit:str=None) -> dict:
     return dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, commit=commit,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
 
+def copy_ceiling_tbps() -> float:
+    "Device-to-device copy of 1 GiB, bytes read + written over the median time: the bandwidth ceiling decode is compared with."
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
+    return 2 * src.numel() / ms / 1e9
+
 # %% ../nbs/07_benchmarks.ipynb #69974b67
 def _copies(w:Workload) -> int:
     return max(1, min(8, math.ceil(2 * L2_BYTES / max(w.io_bytes(), 1))))
@@ -274,8 +281,8 @@ def write_rows(rows:list, path, fresh:bool=False):
     "Merge rows into the CSV at `path` (same provider and workload: replaced), header COLUMNS + EXTRA_COLUMNS."
     path = pathlib.Path(path)
     old = [] if fresh or not path.exists() else list(csv.DictReader(path.open()))
-    new_keys = {_key(r) for r in rows}
-    merged = [r for r in old if _key(r) not in new_keys] + rows
+    new = {_key(r): r for r in rows}                      # a pair measured twice in one run: the last one wins
+    merged = [r for r in old if _key(r) not in new] + list(new.values())
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS + EXTRA_COLUMNS, extrasaction="ignore")
@@ -300,6 +307,7 @@ def main(quick:bool=False,          # the money shot, the GQA prefill and one de
     unknown = [p for p in names if p not in PROVIDERS]
     if unknown: raise SystemExit(f"unknown providers {unknown}; choose from {list(PROVIDERS)}")
     meta = run_config(commit)
+    if on_gpu and any(w.op == "decode" for w in workloads): meta["copy_tbps"] = f"{copy_ceiling_tbps():.3f}"
     print(f"triton_fa2 benchmark · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · commit {meta['commit']}")
     if not on_gpu: print("No GPU: checking every provider against the float32 reference on small CPU workloads; timing needs a GPU.")
     rows = run_sweep(workloads, names, meta, progress=progress, flex_everywhere=providers is not None and "flex" in names)
@@ -312,3 +320,100 @@ def main(quick:bool=False,          # the money shot, the GQA prefill and one de
     if target:
         write_rows(rows, target, fresh=fresh); print(f"wrote {len(rows)} rows to {target}")
     if wrong: raise SystemExit(f"triton_fa2 gave a wrong result on {len(wrong)} workloads")
+
+# %% ../nbs/07_benchmarks.ipynb #1f90cb65
+NUMERIC = ["batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal", "ms", "tflops", "tbps",
+           "ms_graph", "max_err", "peak_mem_mb", "copy_tbps"]
+
+def load_results(path="results/raw.csv"):
+    "results/raw.csv as a pandas DataFrame, numeric columns as numbers (NaN where a provider was skipped)."
+    import pandas as pd
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for c in NUMERIC:
+        if c in df: df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+def _select(df, w:Workload):
+    return df[(df.op == w.op) & (df.batch == w.batch) & (df.heads_q == w.heads_q) & (df.heads_kv == w.heads_kv) &
+              (df.seqlen_q == w.seqlen_q) & (df.seqlen_k == w.seqlen_k) & (df.head_dim == w.head_dim) &
+              (df.dtype == w.dtype) & (df.causal == int(w.causal))]
+
+def money_shot_table(df, w:Workload=MONEY_SHOT, reference:str="sdpa_flash"):
+    "One row per provider that ran `w`: impl, shape, dtype, causal, ms, TFLOP/s, % of FA2, fastest first."
+    rows = _select(df, w).dropna(subset=["ms"]).sort_values("ms")
+    ref = rows[rows.provider == reference].tflops
+    import pandas as pd
+    return pd.DataFrame({"impl": rows.provider, "shape (B, H, N, D)": f"({w.batch}, {w.heads_q}, {w.seqlen_k}, {w.head_dim})",
+                         "dtype": w.dtype, "causal": w.causal, "ms": rows.ms.round(3), "TFLOP/s": rows.tflops.round(0),
+                         "% of FA2": (100 * rows.tflops / ref.iloc[0]).round(0) if len(ref) else float("nan")}).reset_index(drop=True)
+
+def markdown_table(table) -> str:
+    "A DataFrame as a GitHub-markdown table (no extra dependency)."
+    cells = [[str(c) for c in table.columns]] + [[("" if v != v else f"{v:g}" if isinstance(v, float) else str(v)) for v in row] for row in table.itertuples(index=False)]
+    return "\n".join("| " + " | ".join(r) + " |" for r in [cells[0], ["---"] * len(cells[0]), *cells[1:]])
+
+HERO_PROVIDERS = {"triton_fa2": "tab:green", "sdpa_flash": "tab:orange", "sdpa_cudnn": "tab:blue"}
+
+def plot_hero(df, path=None):
+    "The money shot as bars for every provider with '% of FA2' labels, beside TFLOP/s vs N for ours, FA2 and cuDNN."
+    import matplotlib.pyplot as plt
+    table = money_shot_table(df)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw=dict(width_ratios=[1.1, 1]))
+    ax1.barh(table.impl[::-1], table["TFLOP/s"][::-1], color=[HERO_PROVIDERS.get(p, "0.6") for p in table.impl[::-1]])
+    for y, (tf, pct) in enumerate(zip(table["TFLOP/s"][::-1], table["% of FA2"][::-1])):
+        ax1.text(tf, y, f" {tf:.0f} ({pct:.0f}% of FA2)", va="center", fontsize=8)
+    w = MONEY_SHOT
+    ax1.set(xlabel="TFLOP/s (causal counted half)", xlim=(0, table["TFLOP/s"].max() * 1.35))
+    ax1.set_title(f"B={w.batch}, H={w.heads_q}, N={w.seqlen_k}, D={w.head_dim}, {w.dtype}, causal", fontsize=9)
+    grid = df[(df.op == "prefill") & (df.batch == 8) & (df.heads_q == 32) & (df.heads_kv == 32) & (df.head_dim == 128) &
+              (df.dtype == "bf16") & (df.causal == 1) & (df.seqlen_q == df.seqlen_k)]
+    for provider, color in HERO_PROVIDERS.items():
+        g = grid[grid.provider == provider].dropna(subset=["tflops"]).sort_values("seqlen_k")
+        ax2.plot(g.seqlen_k, g.tflops, "o-", color=color, label=provider)
+    ax2.set(xscale="log", xlabel="N (sequence length)", ylabel="TFLOP/s", ylim=(0, None))
+    ax2.set_xticks([512, 2048, 8192, 16384], ["512", "2k", "8k", "16k"])
+    ax2.set_title("B=8, H=32, D=128, bf16, causal", fontsize=9); ax2.legend(fontsize=8)
+    m = df.iloc[0]
+    fig.suptitle(f"triton_fa2 vs FlashAttention-2 (SDPA flash) and cuDNN · {m.gpu} · torch {m.torch} · triton {m.triton} · "
+                 f"commit {m.commit} · {m.date}", fontsize=8)
+    fig.tight_layout()
+    if path: fig.savefig(path, dpi=130)
+    return fig
+
+def plot_speedup_heatmap(df, reference:str="sdpa_flash"):
+    "Our speedup over FA2 on every prefill-grid shape both ran: rows (B, N), columns (D, dtype, causal)."
+    import matplotlib.pyplot as plt, numpy as np
+    grid = df[(df.op == "prefill") & (df.heads_q == 32) & (df.heads_kv == 32) & (df.seqlen_q == df.seqlen_k)]
+    key = ["batch", "seqlen_k", "head_dim", "dtype", "causal"]
+    ours = grid[grid.provider == "triton_fa2"].set_index(key).ms
+    ref = grid[grid.provider == reference].set_index(key).ms
+    speedup = (ref / ours).dropna().unstack(["head_dim", "dtype", "causal"]).sort_index(axis=1)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    im = ax.imshow(speedup.values, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
+    for (i, j), v in np.ndenumerate(speedup.values):
+        if v == v: ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(speedup.index)), [f"B={b}, N={n}" for b, n in speedup.index], fontsize=7)
+    ax.set_xticks(range(len(speedup.columns)), [f"D={d}\n{dt}\n{'causal' if c else 'full'}" for d, dt, c in speedup.columns], fontsize=7)
+    geo = float(np.exp(np.log(speedup.values[speedup.values == speedup.values]).mean())) if speedup.size else float("nan")
+    ax.set_title(f"triton_fa2 speedup over FA2 (SDPA flash), H=32: geometric mean {geo:.2f}×, min {np.nanmin(speedup.values):.2f}×", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.03); fig.tight_layout()
+    return fig
+
+def plot_decode(df):
+    "Decode bandwidth (CUDA-graph time where measured) per provider and shape, against the device-copy ceiling of the run."
+    import matplotlib.pyplot as plt, numpy as np
+    dec = df[df.op == "decode"].copy()
+    dec["tbps_best"] = np.where(dec.ms_graph > 0, dec.tbps * dec.ms / dec.ms_graph, dec.tbps)
+    shapes = dec.drop_duplicates(["batch", "seqlen_k"])[["batch", "seqlen_k"]].values.tolist()
+    providers = [p for p in dec.provider.unique() if dec[dec.provider == p].tbps_best.notna().any()]
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    for i, p in enumerate(providers):
+        vals = [dec[(dec.provider == p) & (dec.batch == b) & (dec.seqlen_k == l)].tbps_best.max() for b, l in shapes]
+        ax.bar(np.arange(len(shapes)) + (i - len(providers) / 2 + 0.5) * 0.8 / len(providers), vals, 0.8 / len(providers), label=p)
+    if dec.copy_tbps.notna().any():
+        ax.axhline(dec.copy_tbps.max(), color="k", ls="--", lw=1, label="device copy (read + write)")
+    ax.set_xticks(range(len(shapes)), [f"B={b}, Lk={l}" for b, l in shapes], fontsize=8)
+    ax.set(ylabel="TB/s (q, k, v, o bytes / time)"); ax.legend(fontsize=7, ncol=2)
+    ax.set_title("Decode, Hq=32, Hkv=8, D=128, bf16, Lq=1 (CUDA-graph replay where measured)", fontsize=9)
+    fig.tight_layout()
+    return fig
