@@ -1,0 +1,105 @@
+"""Ceilings and Nsight Compute figures for notebook 08, on the GPU; writes results/ceilings.csv and results/ncu.csv.
+
+  python3 tools/profile_money_shot.py ceilings --commit SHA        # bf16 matmul 8192³ and a 1 GiB device copy
+  ncu --clock-control none --profile-from-start off --csv --page details \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      python3 tools/profile_money_shot.py run > ncu_raw.csv           # one profiled launch of ours and of SDPA-FA2
+  python3 tools/profile_money_shot.py extract ncu_raw.csv --commit SHA  # → results/ncu.csv (+ SASS: HGMMA vs HMMA counts)
+
+`run` warms up (compilation, autotuning) outside the profiled range, then calls each provider once between
+cudaProfilerStart/Stop, so ncu sees exactly one launch per kernel.
+"""
+import argparse, csv, datetime, glob, os, pathlib, re, subprocess, sys
+
+import torch
+import triton
+
+MONEY = dict(B=8, H=32, N=2048, D=128)
+KEEP = {  # ncu "Metric Name" → our column name
+    "Duration": "duration", "DRAM Throughput": "dram_throughput_pct", "Compute (SM) Throughput": "sm_throughput_pct",
+    "Achieved Occupancy": "achieved_occupancy_pct", "Theoretical Occupancy": "theoretical_occupancy_pct",
+    "Registers Per Thread": "registers_per_thread", "Dynamic Shared Memory Per Block": "dynamic_smem_per_block",
+    "Static Shared Memory Per Block": "static_smem_per_block", "Block Size": "block_size", "Grid Size": "grid_size",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_gmma_active_pct",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_hmma_active_pct",
+}
+
+
+def meta(commit):
+    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=commit,
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
+
+
+def ceilings(commit, out):
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
+    ms_copy = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    rows = [dict(ceiling="bf16 matmul 8192³", value=f"{2 * 8192**3 / ms / 1e9:.1f}", unit="TFLOP/s", **meta(commit)),
+            dict(ceiling="device copy 1 GiB (read + write)", value=f"{2 * src.numel() / ms_copy / 1e9:.3f}", unit="TB/s", **meta(commit))]
+    write(rows, out)
+
+
+def run():
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton_fa2.forward import attention, warmup
+    q, k, v = (torch.randn(MONEY["B"], MONEY["H"], MONEY["N"], MONEY["D"], device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    print("config:", warmup(q, k, v, causal=True), file=sys.stderr)
+    fa2 = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        fa2(); torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        attention(q, k, v, causal=True)
+        fa2()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+def sass_counts():
+    "HGMMA (Hopper warpgroup MMA) vs HMMA (Ampere-style mma.sync) in our compiled kernels, from Triton's cache."
+    tool = next(iter(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"))), "cuobjdump")
+    cache = os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache"))
+    counts = []
+    for cubin in glob.glob(f"{cache}/**/_attn_fwd.cubin", recursive=True):
+        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+        counts.append(dict(cubin=cubin, hgmma=len(re.findall(r"\bHGMMA\b", sass)), hmma=len(re.findall(r"\bHMMA\b", sass))))
+    return counts
+
+
+def extract(raw, commit, out):
+    text = pathlib.Path(raw).read_text()
+    lines = [l for l in text.splitlines() if l.startswith('"')]       # ncu prints its own lines before the CSV
+    rows = {}
+    for r in csv.DictReader(lines):
+        name = r["Kernel Name"]
+        provider = "triton_fa2" if "_attn_fwd" in name else ("sdpa_flash" if "flash" in name else name[:40])
+        key = KEEP.get(r["Metric Name"])
+        if key: rows.setdefault(provider, dict(provider=provider, kernel=name[:80], **meta(commit)))[key] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
+    sass = sass_counts()
+    for row in rows.values():
+        if row["provider"] == "triton_fa2" and sass:
+            row["sass_hgmma"] = max(c["hgmma"] for c in sass); row["sass_hmma"] = max(c["hmma"] for c in sass)
+    write(list(rows.values()), out)
+
+
+def write(rows, out):
+    out = pathlib.Path(out); out.parent.mkdir(parents=True, exist_ok=True)
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, cols); w.writeheader(); w.writerows(rows)
+    print("wrote", out, file=sys.stderr)
+    for r in rows: print(r, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["ceilings", "run", "extract"])
+    ap.add_argument("raw", nargs="?")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if a.what == "ceilings": ceilings(a.commit, a.out or "results/ceilings.csv")
+    elif a.what == "run": run()
+    else: extract(a.raw, a.commit, a.out or "results/ncu.csv")
