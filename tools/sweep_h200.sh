@@ -3,7 +3,7 @@
 # rows into $OUT/results/raw.csv (copy it to results/ afterwards). Usage on the device, from the repository root:
 #   COMMIT=<sha> bash tools/sweep_h200.sh 1    # prefill grid, bf16
 #   COMMIT=<sha> bash tools/sweep_h200.sh 2    # prefill grid, fp16
-#   COMMIT=<sha> bash tools/sweep_h200.sh 3    # GQA prefill, decode, FlexAttention's subset
+#   COMMIT=<sha> bash tools/sweep_h200.sh 3    # GQA prefill and decode (FlexAttention on one decode)
 # Carry .whl (../shared/device/wheels.sh) so tqdm and fastcore are importable, and pass the previous part's raw.csv
 # back in results/raw.csv so the parts merge into one file.
 set -euo pipefail
@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 case "${1:?part 1, 2 or 3}" in
   1) shapes="prefill:dtype=bf16" ;;
   2) shapes="prefill:dtype=fp16" ;;
-  3) shapes="gqa+decode+money" ;;
+  3) shapes="gqa+decode" ;;
   *) echo "part must be 1, 2 or 3"; exit 2 ;;
 esac
 python3 -m triton_fa2.bench --shapes "$shapes" --out "$OUT/results/raw.csv" --commit "${COMMIT:?pass COMMIT=sha}" \

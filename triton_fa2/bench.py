@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
-from .causal import attention_flops
+from .causal import attention_flops, causal_pairs
 from .forward import attention
 from .naive import attention_ref
 from .split_kv import decode
@@ -53,7 +53,11 @@ class Workload:
         return (f"{self.op} B={self.batch} H={heads} Lq={self.seqlen_q} Lk={self.seqlen_k} D={self.head_dim} "
                 f"{self.dtype}{' causal' if self.causal else ''}")
 
-    def flops(self) -> float: return attention_flops(self.batch, self.heads_q, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal)
+    def flops(self) -> float:
+        "4·B·Hq·Lq·Lk·D, halved when causal and square (the convention); causal with Lq ≠ Lk: the pairs rows really see."
+        if self.causal and self.seqlen_q != self.seqlen_k:    # e.g. decode: its one query sees every key
+            return 4 * self.batch * self.heads_q * causal_pairs(self.seqlen_q, self.seqlen_k) * self.head_dim
+        return attention_flops(self.batch, self.heads_q, self.seqlen_q, self.seqlen_k, self.head_dim, self.causal)
 
     def io_bytes(self) -> int:
         "Bytes of q, k, v and o, each moved once."
