@@ -9,7 +9,7 @@ __all__ = ['MONEY_SHOT', 'GQA_PREFILL', 'DECODE', 'CPU_WORKLOADS', 'WORKLOAD_SET
            'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'MAX_ERROR', 'L2_BYTES', 'NUMERIC', 'HERO_PROVIDERS',
            'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'sampled_error', 'measure', 'run_config',
            'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows', 'main', 'load_results', 'money_shot_table',
-           'markdown_table', 'plot_hero', 'plot_speedup_heatmap', 'plot_decode']
+           'markdown_table', 'plot_hero', 'plot_speedup_heatmap', 'plot_decode', 'summary_markdown']
 
 # %% ../nbs/07_benchmarks.ipynb #fa7266d5
 from .runtime import default_device, gpu_available  # first: decides GPU or interpreter
@@ -421,3 +421,43 @@ def plot_decode(df):
     ax.set_title("Decode, Hq=32, Hkv=8, D=128, bf16, Lq=1 (CUDA-graph replay where measured)", fontsize=9)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/07_benchmarks.ipynb #7504fc24
+def _geomean(xs) -> float:
+    xs = [x for x in xs if x == x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+def summary_markdown(df, reference:str="sdpa_flash") -> str:
+    "The results in words and one table, from results/raw.csv's rows: money shot, prefill grid vs FA2, decode bandwidth."
+    out = []
+    m = df.iloc[0]
+    out.append(f"Measured on {m.gpu}, torch {m.torch}, Triton {m.triton}, commit {m.commit}, {m.date} "
+               f"(`python -m triton_fa2.bench`; every provider checked against a float32 reference before timing).")
+    table = money_shot_table(df, reference=reference)
+    if len(table):
+        ours = table[table.impl == "triton_fa2"]
+        cudnn = table[table.impl == "sdpa_cudnn"]
+        if len(ours):
+            line = f"**Money shot** (B=8, H=32, N=2048, D=128, bf16, causal): {ours['TFLOP/s'].iloc[0]:.0f} TFLOP/s, {ours['% of FA2'].iloc[0]:.0f}% of FA2"
+            if len(cudnn): line += f" and {100 * ours['TFLOP/s'].iloc[0] / cudnn['TFLOP/s'].iloc[0]:.0f}% of cuDNN"
+            out.append(line + ".")
+        out.append(markdown_table(table))
+    grid = df[(df.op == "prefill") & (df.heads_q == 32) & (df.heads_kv == 32) & (df.seqlen_q == df.seqlen_k)]
+    key = ["batch", "seqlen_k", "head_dim", "dtype", "causal"]
+    speed = (grid[grid.provider == reference].set_index(key).ms / grid[grid.provider == "triton_fa2"].set_index(key).ms).dropna()
+    if len(speed):
+        worst = speed.idxmin()
+        out.append(f"**Prefill grid** ({len(speed)} shapes both ran): geometric-mean speedup over FA2 {_geomean(speed.values):.2f}×, "
+                   f"lowest {speed.min():.2f}× (B={worst[0]}, N={worst[1]}, D={worst[2]}, {worst[3]}, {'causal' if worst[4] else 'full'}), "
+                   f"highest {speed.max():.2f}×.")
+    dec = df[(df.op == "decode")].dropna(subset=["ms"])
+    if len(dec):
+        parts = []
+        for (b, hq, hkv, lk), g in dec.groupby(["batch", "heads_q", "heads_kv", "seqlen_k"], sort=False):
+            tb = {r.provider: r.tbps * r.ms / r.ms_graph if r.ms_graph == r.ms_graph and r.ms_graph > 0 else r.tbps for r in g.itertuples()}
+            if "triton_fa2" in tb:
+                parts.append(f"B={b}, Lk={lk}: {tb['triton_fa2']:.2f} TB/s" + "".join(f", {p} {v:.2f}" for p, v in tb.items() if p in (reference, "sdpa_cudnn")))
+        ceiling = dec.copy_tbps.max()
+        out.append("**Decode** (Hq/Hkv = 32/8, D = 128, bf16, CUDA-graph replay): " + "; ".join(parts) +
+                   (f". Device-copy ceiling in the same run: {ceiling:.2f} TB/s." if ceiling == ceiling else "."))
+    return "\n\n".join(out)
