@@ -7,9 +7,10 @@ Docs: https://triton-fa2.github.io/triton_fa2/benchmarks.html.md"""
 # %% auto #0
 __all__ = ['MONEY_SHOT', 'GQA_PREFILL', 'DECODE', 'CPU_WORKLOADS', 'WORKLOAD_SETS', 'NAIVE_MAX_SCORE_BYTES', 'PROVIDERS',
            'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'MAX_ERROR', 'L2_BYTES', 'NUMERIC', 'HERO_PROVIDERS',
-           'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'sampled_error', 'measure', 'run_config',
-           'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows', 'main', 'load_results', 'money_shot_table',
-           'markdown_table', 'plot_hero', 'plot_speedup_heatmap', 'plot_decode', 'summary_markdown']
+           'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'sampled_reference', 'sampled_error',
+           'measure', 'run_config', 'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows', 'main',
+           'load_results', 'money_shot_table', 'markdown_table', 'plot_hero', 'plot_speedup_heatmap', 'plot_decode',
+           'summary_markdown']
 
 # %% ../nbs/07_benchmarks.ipynb #fa7266d5
 from .runtime import default_device, gpu_available  # first: decides GPU or interpreter
@@ -177,13 +178,17 @@ EXTRA_COLUMNS = ["ms_graph", "max_err", "peak_mem_mb", "copy_tbps", "skip_reason
 MAX_ERROR = 2e-2
 L2_BYTES = 50 * 2**20          # the H200's L2; rotate inputs smaller than twice this
 
-def sampled_error(w:Workload, o, q, k, v) -> float:
-    "max |o − o_ref| / max(1, max |o_ref|) over the first, last and middle (batch, head) pairs, float32 reference."
+def sampled_reference(w:Workload, q, k, v) -> dict:
+    "attention_ref in float32 for the first, last and middle (batch, head) pairs: {(b, h): o_ref (1, 1, Lq, D)}."
     g = w.heads_q // w.heads_kv
-    pairs = {(0, 0), (w.batch - 1, w.heads_q - 1), (w.batch // 2, w.heads_q // 2)}
+    pairs = sorted({(0, 0), (w.batch - 1, w.heads_q - 1), (w.batch // 2, w.heads_q // 2)})
+    return {(b, h): attention_ref(q[b:b+1, h:h+1], k[b:b+1, h//g:h//g+1], v[b:b+1, h//g:h//g+1], causal=w.causal)[0] for b, h in pairs}
+
+def sampled_error(w:Workload, o, q, k, v, refs:dict=None) -> float:
+    "max |o − o_ref| / max(1, max |o_ref|) over the sampled pairs (`refs`, computed here if not given); NaN counts as ∞."
+    refs = refs or sampled_reference(w, q, k, v)
     err = 0.0
-    for b, h in pairs:
-        ref = attention_ref(q[b:b+1, h:h+1], k[b:b+1, h//g:h//g+1], v[b:b+1, h//g:h//g+1], causal=w.causal)[0]
+    for (b, h), ref in refs.items():
         diff = (o[b:b+1, h:h+1].float() - ref).abs().max().item()
         err = max(err, diff / max(1.0, ref.abs().max().item()) if math.isfinite(diff) else math.inf)
     return err
@@ -206,8 +211,9 @@ def _time_graph(fn, input_sets:list) -> float:
     "Median ms per call of a CUDA graph that calls fn once per input set."
     return triton.testing.do_bench_cudagraph(lambda: [fn(*s) for s in input_sets], rep=100, return_mode="median") / len(input_sets)
 
-def measure(w:Workload, provider:str, input_sets:list, meta:dict) -> dict:
-    "Check one provider on one workload against the reference, then time it on a GPU; one CSV row, with the reason if skipped."
+def measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None) -> dict:
+    """Check one provider on one workload against the reference (`refs` from `sampled_reference` on input_sets[0], shared
+    by all providers), then time it on a GPU; one CSV row, with the reason if skipped."""
     fn = functools.partial(PROVIDERS[provider], w)
     q, k, v = input_sets[0]
     try:
@@ -216,7 +222,7 @@ def measure(w:Workload, provider:str, input_sets:list, meta:dict) -> dict:
         return _row(w, provider, meta, skip_reason=str(e))
     except torch.cuda.OutOfMemoryError:
         return _row(w, provider, meta, skip_reason="out of GPU memory")
-    err = sampled_error(w, o, q, k, v)
+    err = sampled_error(w, o, q, k, v, refs)
     if not err <= MAX_ERROR:
         return _row(w, provider, meta, max_err=f"{err:.2e}", skip_reason=f"wrong result: max error {err:.2e} > {MAX_ERROR}")
     if not q.is_cuda:
@@ -271,9 +277,10 @@ def run_sweep(workloads:list, providers:list, meta:dict, progress:bool=True, fle
             rows += [_row(w, p, meta, skip_reason=f"inputs need {need / 2**30:.1f} GiB, more than 80% of the free memory") for p in providers_w]
             bar.update(len(providers_w)); continue
         input_sets = [w.inputs(device, seed) for seed in range(_copies(w) if device.type == "cuda" else 1)]
+        refs = sampled_reference(w, *input_sets[0])
         for p in providers_w:
             bar.set_postfix_str(f"{p}: {w.label}")
-            rows.append(measure(w, p, input_sets, meta)); bar.update(1)
+            rows.append(measure(w, p, input_sets, meta, refs)); bar.update(1)
         del input_sets
         if device.type == "cuda": torch.cuda.empty_cache()
     bar.close()
