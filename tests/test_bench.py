@@ -97,5 +97,10 @@ def test_cli_without_a_gpu_checks_and_writes_nothing(tmp_path):
     run = subprocess.run([sys.executable, "-m", "triton_fa2.bench", "--no-progress", "--providers", "triton_fa2,naive",
                           "--out", str(out), "--commit", "t"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and len(out.read_text().splitlines()) == 1 + 2 * len(CPU_WORKLOADS)
+    before = out.read_text()                # --resume: every pair is already there for commit t, so nothing is re-run
+    run = subprocess.run([sys.executable, "-m", "triton_fa2.bench", "--no-progress", "--providers", "triton_fa2,naive",
+                          "--out", str(out), "--commit", "t", "--resume"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and f"{2 * len(CPU_WORKLOADS)} pairs of commit t already" in run.stdout, run.stdout
+    assert out.read_text() == before and "wrote 0 rows" in run.stdout
     run = subprocess.run([sys.executable, "-m", "triton_fa2.bench", "--providers", "nope"], capture_output=True, text=True)
     assert run.returncode != 0 and "unknown providers" in (run.stdout + run.stderr)

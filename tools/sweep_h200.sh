@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# The full benchmark sweep on the H200 device, in parts that each fit one 10-minute device call; every part merges its
-# rows into $OUT/results/raw.csv (copy it to results/ afterwards). Usage on the device, from the repository root:
-#   COMMIT=<sha> bash tools/sweep_h200.sh 1    # prefill grid, bf16
-#   COMMIT=<sha> bash tools/sweep_h200.sh 2    # prefill grid, fp16
-#   COMMIT=<sha> bash tools/sweep_h200.sh 3    # GQA prefill and decode (FlexAttention on one decode)
-# Carry .whl (../shared/device/wheels.sh) so tqdm and fastcore are importable, and pass the previous part's raw.csv
-# back in results/raw.csv so the parts merge into one file.
-set -euo pipefail
+# The full benchmark sweep on the H200 device, resumable: a device command runs for at most 10 minutes, and the sweep
+# takes longer. Each call measures only the (provider, workload) pairs that results/raw.csv does not yet hold for this
+# commit, writes each workload's rows as soon as they are measured, and is stopped after SWEEP_SECONDS. Copy the
+# returned $OUT/results/raw.csv to results/ and call again until it prints "sweep complete".
+#   COMMIT=<sha> SWEEP_SECONDS=480 bash tools/sweep_h200.sh
+# Carry .whl (../shared/device/wheels.sh) so tqdm and fastcore are importable.
+set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || true
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 [ -f results/raw.csv ] && cp results/raw.csv "$OUT/results/raw.csv"
-case "${1:?part 1, 2 or 3}" in
-  1) shapes="prefill:dtype=bf16" ;;
-  2) shapes="prefill:dtype=fp16" ;;
-  3) shapes="gqa+decode" ;;
-  *) echo "part must be 1, 2 or 3"; exit 2 ;;
+timeout "${SWEEP_SECONDS:-480}" python3 -m triton_fa2.bench --resume --out "$OUT/results/raw.csv" \
+  --commit "${COMMIT:?pass COMMIT=sha}" 2>&1 | tee -a "$OUT/sweep.log"
+case $? in
+  0) echo "sweep complete" ;;
+  124) echo "sweep stopped after ${SWEEP_SECONDS:-480} s: call again to resume" ;;
+  *) echo "sweep failed"; exit 1 ;;
 esac
-python3 -m triton_fa2.bench --shapes "$shapes" --out "$OUT/results/raw.csv" --commit "${COMMIT:?pass COMMIT=sha}" \
-  2>&1 | tee "$OUT/sweep_part$1.log"

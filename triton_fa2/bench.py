@@ -265,28 +265,35 @@ def providers_for(w:Workload, providers:list, flex_everywhere:bool=False) -> lis
     "The providers to run on `w`: FlexAttention (20–40 s of compilation per shape) only on its subset unless asked for."
     return [p for p in providers if p != "flex" or flex_everywhere or w in FLEX_DEFAULT_WORKLOADS or not gpu_available()]
 
-def run_sweep(workloads:list, providers:list, meta:dict, progress:bool=True, flex_everywhere:bool=False) -> list:
+def _key(row:dict) -> tuple: return tuple(str(row[c]) for c in COLUMNS[:10])
+
+def run_sweep(workloads:list, providers:list, meta:dict, progress:bool=True, flex_everywhere:bool=False,
+              done:set=frozenset(),  # keys (`_key`) of pairs already measured: skipped
+              on_rows=None,          # called with each workload's rows as soon as they are measured
+             ) -> list:
     "Measure every (workload, provider) pair; rows in COLUMNS + EXTRA_COLUMNS order."
+    todo = [(w, [p for p in providers_for(w, providers, flex_everywhere) if _key(_row(w, p, meta)) not in done]) for w in workloads]
     rows = []
-    bar = tqdm(total=sum(len(providers_for(w, providers, flex_everywhere)) for w in workloads), disable=not progress, desc="benchmark")
-    for w in workloads:
-        providers_w = providers_for(w, providers, flex_everywhere)
+    bar = tqdm(total=sum(len(ps) for _, ps in todo), disable=not progress, desc="benchmark")
+    for w, providers_w in todo:
+        if not providers_w: continue
         device = default_device()
         need = w.io_bytes() * (1 + _copies(w)) if device.type == "cuda" else 0
         if device.type == "cuda" and need > 0.8 * torch.cuda.mem_get_info()[0]:
-            rows += [_row(w, p, meta, skip_reason=f"inputs need {need / 2**30:.1f} GiB, more than 80% of the free memory") for p in providers_w]
-            bar.update(len(providers_w)); continue
-        input_sets = [w.inputs(device, seed) for seed in range(_copies(w) if device.type == "cuda" else 1)]
-        refs = sampled_reference(w, *input_sets[0])
-        for p in providers_w:
-            bar.set_postfix_str(f"{p}: {w.label}")
-            rows.append(measure(w, p, input_sets, meta, refs)); bar.update(1)
-        del input_sets
-        if device.type == "cuda": torch.cuda.empty_cache()
+            measured = [_row(w, p, meta, skip_reason=f"inputs need {need / 2**30:.1f} GiB, more than 80% of the free memory") for p in providers_w]
+        else:
+            input_sets = [w.inputs(device, seed) for seed in range(_copies(w) if device.type == "cuda" else 1)]
+            refs = sampled_reference(w, *input_sets[0])
+            measured = []
+            for p in providers_w:
+                bar.set_postfix_str(f"{p}: {w.label}")
+                measured.append(measure(w, p, input_sets, meta, refs)); bar.update(1)
+            del input_sets, refs
+            if device.type == "cuda": torch.cuda.empty_cache()
+        if on_rows is not None: on_rows(measured)
+        rows += measured
     bar.close()
     return rows
-
-def _key(row:dict) -> tuple: return tuple(str(row[c]) for c in COLUMNS[:10])
 
 def write_rows(rows:list, path, fresh:bool=False):
     "Merge rows into the CSV at `path` (same provider and workload: replaced), header COLUMNS + EXTRA_COLUMNS."
@@ -295,11 +302,13 @@ def write_rows(rows:list, path, fresh:bool=False):
     new = {_key(r): r for r in rows}                      # a pair measured twice in one run: the last one wins
     merged = [r for r in old if _key(r) not in new] + list(new.values())
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    partial = path.with_name(path.name + ".partial")     # then renamed: a run killed mid-write leaves the old file whole
+    with partial.open("w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS + EXTRA_COLUMNS, extrasaction="ignore")
         writer.writeheader(); writer.writerows(merged)
+    partial.replace(path)
 
-# %% ../nbs/07_benchmarks.ipynb #250e973c
+# %% ../nbs/07_benchmarks.ipynb #8d27d77e
 @call_parse
 def main(quick:bool=False,          # the money shot, the GQA prefill and one decode
          shapes:str=None,           # workload sets and filters, e.g. 'prefill:dtype=bf16,D=128+decode' (default: everything)
@@ -307,6 +316,7 @@ def main(quick:bool=False,          # the money shot, the GQA prefill and one de
          out:str=None,              # CSV to merge rows into (default on a GPU: results/raw.csv; without one: none)
          commit:str=None,           # the commit to record (default: git rev-parse --short HEAD)
          fresh:bool=False,          # start a new CSV instead of merging
+         resume:bool=False,         # skip the pairs that --out already holds for this commit (a sweep cut short by a time limit)
          progress:bool=True,        # show a progress bar
         ):
     "Benchmark triton_fa2 against PyTorch SDPA's backends, FlexAttention, flash-attn and naive PyTorch; one CSV row per pair."
@@ -321,18 +331,23 @@ def main(quick:bool=False,          # the money shot, the GQA prefill and one de
     if on_gpu and any(w.op == "decode" for w in workloads): meta["copy_tbps"] = f"{copy_ceiling_tbps():.3f}"
     print(f"triton_fa2 benchmark · {meta['gpu']} · torch {meta['torch']} · triton {meta['triton']} · commit {meta['commit']}")
     if not on_gpu: print("No GPU: checking every provider against the float32 reference on small CPU workloads; timing needs a GPU.")
-    rows = run_sweep(workloads, names, meta, progress=progress, flex_everywhere=providers is not None and "flex" in names)
+    target = out or ("results/raw.csv" if on_gpu else None)
+    done = set()
+    if target and resume and not fresh and pathlib.Path(target).exists():
+        done = {_key(r) for r in csv.DictReader(open(target)) if r["commit"] == meta["commit"]}
+        print(f"resuming: {len(done)} pairs of commit {meta['commit']} already in {target}")
+    if target and fresh: write_rows([], target, fresh=True)
+    rows = run_sweep(workloads, names, meta, progress=progress, flex_everywhere=providers is not None and "flex" in names,
+                     done=done, on_rows=(lambda measured: write_rows(measured, target)) if target else None)
     for r in rows:
         result = f"{float(r['ms']):8.3f} ms {float(r['tflops']):7.1f} TFLOP/s {float(r['tbps']):6.2f} TB/s" if r["ms"] else r["skip_reason"]
         print(f"{r['provider']:<15} {Workload(r['op'], r['batch'], r['heads_q'], r['heads_kv'], r['seqlen_q'], r['seqlen_k'], r['head_dim'], r['dtype'], bool(r['causal'])).label:<58} "
               f"err {r['max_err'] or '-':>8}  {result}")
     wrong = [r for r in rows if r["skip_reason"].startswith("wrong result") and r["provider"] == "triton_fa2"]
-    target = out or ("results/raw.csv" if on_gpu else None)
-    if target:
-        write_rows(rows, target, fresh=fresh); print(f"wrote {len(rows)} rows to {target}")
+    if target: print(f"wrote {len(rows)} rows to {target}")
     if wrong: raise SystemExit(f"triton_fa2 gave a wrong result on {len(wrong)} workloads")
 
-# %% ../nbs/07_benchmarks.ipynb #1f90cb65
+# %% ../nbs/07_benchmarks.ipynb #f3118df9
 NUMERIC = ["batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal", "ms", "tflops", "tbps",
            "ms_graph", "max_err", "peak_mem_mb", "copy_tbps"]
 
@@ -429,7 +444,7 @@ def plot_decode(df):
     fig.tight_layout()
     return fig
 
-# %% ../nbs/07_benchmarks.ipynb #7504fc24
+# %% ../nbs/07_benchmarks.ipynb #7de928f1
 def _geomean(xs) -> float:
     xs = [x for x in xs if x == x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
