@@ -3,14 +3,18 @@
   python3 tools/profile_money_shot.py ceilings --commit SHA        # bf16 matmul 8192³ and a 1 GiB device copy
   ncu --clock-control none --profile-from-start off --csv --page details \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-      --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-      python3 tools/profile_money_shot.py run > ncu_raw.csv           # one profiled launch of ours and of SDPA-FA2
-  python3 tools/profile_money_shot.py extract ncu_raw.csv --commit SHA  # → results/ncu.csv (+ SASS: HGMMA vs HMMA counts)
+      --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      python3 tools/profile_money_shot.py run --sass sass.json > ncu_raw.csv   # one profiled launch of ours and of SDPA-FA2
+  python3 tools/profile_money_shot.py extract ncu_raw.csv --sass sass.json --commit SHA  # → results/ncu.csv
+
+On Hopper the "hmma" tensor pipe counts warpgroup MMAs (HGMMA) as well as mma.sync (HMMA): it is the tensor pipe's
+activity. Which instruction a kernel uses is read from its SASS: `run --sass` disassembles the one compiled kernel of the
+configuration the autotuner chose for the money shot.
 
 `run` warms up (compilation, autotuning) outside the profiled range, then calls each provider once between
 cudaProfilerStart/Stop, so ncu sees exactly one launch per kernel.
 """
-import argparse, csv, datetime, glob, os, pathlib, re, subprocess, sys
+import argparse, csv, datetime, json, pathlib, re, sys
 
 import torch
 import triton
@@ -21,8 +25,7 @@ KEEP = {  # ncu "Metric Name" → our column name
     "Achieved Occupancy": "achieved_occupancy_pct", "Theoretical Occupancy": "theoretical_occupancy_pct",
     "Registers Per Thread": "registers_per_thread", "Dynamic Shared Memory Per Block": "dynamic_smem_per_block",
     "Static Shared Memory Per Block": "static_smem_per_block", "Block Size": "block_size", "Grid Size": "grid_size",
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_gmma_active_pct",
-    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_hmma_active_pct",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pipe_active_pct",
 }
 
 
@@ -41,12 +44,13 @@ def ceilings(commit, out):
     write(rows, out)
 
 
-def run():
+def run(sass_out=None):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton_fa2.forward import attention, warmup
     q, k, v = (torch.randn(MONEY["B"], MONEY["H"], MONEY["N"], MONEY["D"], device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    print("config:", warmup(q, k, v, causal=True), file=sys.stderr)
+    config = warmup(q, k, v, causal=True)
+    print("config:", config, file=sys.stderr)
     fa2 = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         fa2(); torch.cuda.synchronize()
@@ -55,20 +59,20 @@ def run():
         fa2()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
+    if sass_out:   # outside the profiled range: compile the chosen config alone and count its matrix instructions
+        from triton_fa2 import forward
+        forward._attn_fwd.device_caches.clear()
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
+        forward._attention_forward(q, k, v, o, lse, causal=True, scale=q.shape[-1] ** -0.5, config=config)
+        kernels = [kern for cache in forward._attn_fwd.device_caches.values() for kern in cache[0].values()]
+        assert len(kernels) == 1, f"expected the one kernel of the chosen config, found {len(kernels)}"
+        sass = kernels[0].asm["sass"]
+        counts = dict(config=str(config), sass_hgmma=len(re.findall(r"\bHGMMA\.", sass)), sass_hmma=len(re.findall(r"\bHMMA\.", sass)))
+        pathlib.Path(sass_out).write_text(json.dumps(counts))
+        print("SASS:", counts, file=sys.stderr)
 
 
-def sass_counts():
-    "HGMMA (Hopper warpgroup MMA) vs HMMA (Ampere-style mma.sync) in our compiled kernels, from Triton's cache."
-    tool = next(iter(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"))), "cuobjdump")
-    cache = os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache"))
-    counts = []
-    for cubin in glob.glob(f"{cache}/**/_attn_fwd.cubin", recursive=True):
-        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
-        counts.append(dict(cubin=cubin, hgmma=len(re.findall(r"\bHGMMA\b", sass)), hmma=len(re.findall(r"\bHMMA\b", sass))))
-    return counts
-
-
-def extract(raw, commit, out):
+def extract(raw, sass, commit, out):
     text = pathlib.Path(raw).read_text()
     lines = [l for l in text.splitlines() if l.startswith('"')]       # ncu prints its own lines before the CSV
     rows = {}
@@ -77,10 +81,7 @@ def extract(raw, commit, out):
         provider = "triton_fa2" if "_attn_fwd" in name else ("sdpa_flash" if "flash" in name else name[:40])
         key = KEEP.get(r["Metric Name"])
         if key: rows.setdefault(provider, dict(provider=provider, kernel=name[:80], **meta(commit)))[key] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
-    sass = sass_counts()
-    for row in rows.values():
-        if row["provider"] == "triton_fa2" and sass:
-            row["sass_hgmma"] = max(c["hgmma"] for c in sass); row["sass_hmma"] = max(c["hmma"] for c in sass)
+    if sass and "triton_fa2" in rows: rows["triton_fa2"].update(json.loads(pathlib.Path(sass).read_text()))
     write(list(rows.values()), out)
 
 
@@ -98,8 +99,9 @@ if __name__ == "__main__":
     ap.add_argument("what", choices=["ceilings", "run", "extract"])
     ap.add_argument("raw", nargs="?")
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--sass", default=None, help="JSON of the SASS counts (run writes it, extract reads it)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.what == "ceilings": ceilings(a.commit, a.out or "results/ceilings.csv")
-    elif a.what == "run": run()
-    else: extract(a.raw, a.commit, a.out or "results/ncu.csv")
+    elif a.what == "run": run(a.sass)
+    else: extract(a.raw, a.sass, a.commit, a.out or "results/ncu.csv")

@@ -6,11 +6,11 @@ Docs: https://triton-fa2.github.io/triton_fa2/benchmarks.html.md"""
 
 # %% auto #0
 __all__ = ['MONEY_SHOT', 'GQA_PREFILL', 'DECODE', 'CPU_WORKLOADS', 'WORKLOAD_SETS', 'NAIVE_MAX_SCORE_BYTES', 'PROVIDERS',
-           'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'MAX_ERROR', 'L2_BYTES', 'NUMERIC', 'HERO_PROVIDERS',
-           'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'sampled_reference', 'sampled_error',
-           'measure', 'run_config', 'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows', 'main',
-           'load_results', 'money_shot_table', 'markdown_table', 'plot_hero', 'plot_speedup_heatmap', 'plot_decode',
-           'summary_markdown']
+           'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'MAX_ERROR', 'GRAPH_BELOW_MS', 'L2_BYTES', 'NUMERIC',
+           'HERO_PROVIDERS', 'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'sampled_reference',
+           'sampled_error', 'measure', 'run_config', 'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows',
+           'main', 'load_results', 'money_shot_table', 'markdown_table', 'plot_hero', 'plot_speedup_heatmap',
+           'plot_decode', 'summary_markdown']
 
 # %% ../nbs/07_benchmarks.ipynb #fa7266d5
 from .runtime import default_device, gpu_available  # first: decides GPU or interpreter
@@ -137,14 +137,17 @@ def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
     return torch.compile(flex_attention, dynamic=False)
 
+@functools.lru_cache
+def _causal_block_mask(seqlen_q:int, seqlen_k:int, device:str):
+    "Built once per shape, as FlexAttention's users do: the block mask is precomputation, not part of each call."
+    from torch.nn.attention.flex_attention import create_block_mask
+    offset = seqlen_k - seqlen_q
+    return create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + offset, B=None, H=None,
+                             Q_LEN=seqlen_q, KV_LEN=seqlen_k, device=device)
+
 def _flex(w, q, k, v):
     if not q.is_cuda: raise Unsupported("FlexAttention is benchmarked on the GPU only (torch.compile on the CPU is another kernel)")
-    from torch.nn.attention.flex_attention import create_block_mask
-    mask = None
-    if w.causal:
-        offset = w.seqlen_k - w.seqlen_q
-        mask = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + offset, B=None, H=None,
-                                 Q_LEN=w.seqlen_q, KV_LEN=w.seqlen_k, device=q.device)
+    mask = _causal_block_mask(w.seqlen_q, w.seqlen_k, str(q.device)) if w.causal else None
     return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=w.heads_q != w.heads_kv)
 
 def _flash_attn(w, q, k, v):
@@ -176,6 +179,7 @@ COLUMNS = ["provider", "op", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen
            "ms", "tflops", "tbps", "gpu", "torch", "triton", "commit", "date"]
 EXTRA_COLUMNS = ["ms_graph", "max_err", "peak_mem_mb", "copy_tbps", "skip_reason"]
 MAX_ERROR = 2e-2
+GRAPH_BELOW_MS = 1.0           # also time calls shorter than this in a CUDA graph, where the host's launch cost vanishes
 L2_BYTES = 50 * 2**20          # the H200's L2; rotate inputs smaller than twice this
 
 def sampled_reference(w:Workload, q, k, v) -> dict:
@@ -234,7 +238,7 @@ def measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None
     peak = (torch.cuda.max_memory_allocated() - before) / 2**20
     ms = _time(fn, input_sets)
     ms_graph = ""
-    if w.op == "decode":
+    if w.op == "decode" or ms < GRAPH_BELOW_MS:              # short calls: is it the kernel or the host's launch path?
         try: ms_graph = f"{_time_graph(fn, input_sets):.4f}"
         except Exception as e: ms_graph = f"nan ({type(e).__name__})"
     return _row(w, provider, meta, ms=f"{ms:.4f}", tflops=f"{w.flops() / ms / 1e9:.1f}", tbps=f"{w.io_bytes() / ms / 1e9:.3f}",
