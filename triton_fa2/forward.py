@@ -300,7 +300,11 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
             DOT_FP32=_dot_in_fp32(q.dtype), **meta)
 
 # %% ../nbs/03_triton_forward.ipynb #ce6e8601
-@torch.library.custom_op("triton_fa2::attention", mutates_args=())
+# A notebook re-runs this cell in its own process, perhaps after the package was imported there: its copy gets another
+# namespace, so that it neither collides with the package's operator nor takes it away when the notebook's objects die.
+_OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
+
+@torch.library.custom_op(f"{_OPS}::attention", mutates_args=())
 def _attention_op(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, causal:bool, scale:float, flash_layout:bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     "(B, H, L, D) views in; o ((B, Hq, Lq, D), or (B, Lq, Hq, D) with flash_layout) and lse (B, Hq, Lq) float32 out."

@@ -224,7 +224,9 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
                                             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
 
 # %% ../nbs/06_split_kv_decode.ipynb #ed8bc57c
-@torch.library.custom_op("triton_fa2::decode", mutates_args=())
+_OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"  # as in 03: a notebook's copy stays apart
+
+@torch.library.custom_op(f"{_OPS}::decode", mutates_args=())
 def _decode_op(q:torch.Tensor, k_cache:torch.Tensor, v_cache:torch.Tensor, cache_seqlens:Optional[torch.Tensor],
                causal:bool, scale:float, num_splits:int) -> tuple[torch.Tensor, torch.Tensor]:
     "(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out."
