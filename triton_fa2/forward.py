@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/triton_forward.html.md"""
 # %% auto #0
 __all__ = ['LOG2E', 'TUNED_HEAD_DIMS', 'MAX_HEAD_DIM', 'attention', 'flash_attn_func', 'warmup']
 
-# %% ../nbs/03_triton_forward.ipynb #082da5c8
+# %% ../nbs/03_triton_forward.ipynb #c9065aa5
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
@@ -19,11 +19,11 @@ import triton
 import triton.language as tl
 from .naive import _check_ref_inputs
 
-# %% ../nbs/03_triton_forward.ipynb #02c7b986
+# %% ../nbs/03_triton_forward.ipynb #e8749aff
 LOG2E = math.log2(math.e)            # exp(x) = exp2(x · log2 e): the host scales scores by scale · LOG2E once
 _LN2 = tl.constexpr(math.log(2.0))    # log(x) = log2(x) · ln 2; a constexpr, so the kernel may read it
 
-# %% ../nbs/03_triton_forward.ipynb #698e999e
+# %% ../nbs/03_triton_forward.ipynb #ba1400b4
 @triton.jit
 def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
     "Load a (rows, BLOCK_D) tile; rows ≥ n_rows (when CHECK_ROWS) and columns ≥ HEAD_DIM read as 0."
@@ -35,7 +35,7 @@ def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.c
         else: x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     return x
 
-# %% ../nbs/03_triton_forward.ipynb #98fdb9f7
+# %% ../nbs/03_triton_forward.ipynb #21f7675b
 @triton.jit
 def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Keys [0, full_end) need no mask, [full_end, end) need the element mask; keys from `end` on are never loaded.
@@ -50,7 +50,7 @@ def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexp
     full_end = (fewest // BLOCK_N) * BLOCK_N                  # a partial last tile needs the Lk mask: never "full"
     return full_end, most
 
-# %% ../nbs/03_triton_forward.ipynb #8c2d3e4d
+# %% ../nbs/03_triton_forward.ipynb #4eadd4fb
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float32) and the Q tile
                     k_ptrs, v_ptrs, stride_kn, stride_vn,  # K, V tile pointers at key `lo`, row strides
@@ -84,7 +84,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
-# %% ../nbs/03_triton_forward.ipynb #9e4d3954
+# %% ../nbs/03_triton_forward.ipynb #0e72cbd2
 @triton.jit
 def _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M: tl.constexpr, PACK_GQA: tl.constexpr):
     """Rows of Q block `start_m` as (rows, head in the KV group, query position, smallest and largest position).
@@ -114,7 +114,7 @@ def _normalize_rows(acc, l_i, m_i):
     lse = tl.where(seen_nothing, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)
     return o, lse
 
-# %% ../nbs/03_triton_forward.ipynb #d33430f1
+# %% ../nbs/03_triton_forward.ipynb #63820edd
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "tune_rows", "tune_seqlen_k"])
 def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (B, H, L, D) any strides; lse (B, Hq, Lq) contiguous
               stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
@@ -175,7 +175,7 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     else: tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok & (offs_d[None, :] < HEAD_DIM))
     tl.store(LSE + off_zh.to(tl.int64) * num_rows + rows, lse, mask=rows < num_rows)
 
-# %% ../nbs/03_triton_forward.ipynb #e605d8fa
+# %% ../nbs/03_triton_forward.ipynb #0b7e0c79
 _INTERPRETER_CONFIG = triton.Config(dict(BLOCK_M=32, BLOCK_N=16), num_warps=4, num_stages=1)
 
 _CANDIDATES = [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
@@ -224,7 +224,7 @@ def _bucket(n:int, lo:int, hi:int) -> int:
     "The power of two at or above n, clamped to [lo, hi]: one autotune key for many lengths."
     return min(max(triton.next_power_of_2(max(n, 1)), lo), hi)
 
-# %% ../nbs/03_triton_forward.ipynb #1f268370
+# %% ../nbs/03_triton_forward.ipynb #25f30695
 _DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
@@ -268,7 +268,7 @@ def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
     _check_interpreter()
     return B, Hq, Hkv, Lq, Lk, D
 
-# %% ../nbs/03_triton_forward.ipynb #5a768722
+# %% ../nbs/03_triton_forward.ipynb #7e0e25d9
 def _dot_in_fp32(dtype) -> bool:
     "True where tl.dot must take float32 copies: bf16 under Triton's interpreter (see above)."
     return interpreting() and dtype == torch.bfloat16
@@ -299,7 +299,28 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
             HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal, PACK_GQA=pack,
             DOT_FP32=_dot_in_fp32(q.dtype), **meta)
 
-# %% ../nbs/03_triton_forward.ipynb #a5efbf73
+# %% ../nbs/03_triton_forward.ipynb #ce6e8601
+# A notebook re-runs this cell in its own process, perhaps after the package was imported there: its copy gets another
+# namespace, so that it neither collides with the package's operator nor takes it away when the notebook's objects die.
+_OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
+
+@torch.library.custom_op(f"{_OPS}::attention", mutates_args=())
+def _attention_op(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, causal:bool, scale:float, flash_layout:bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    "(B, H, L, D) views in; o ((B, Hq, Lq, D), or (B, Lq, Hq, D) with flash_layout) and lse (B, Hq, Lq) float32 out."
+    B, Hq, Lq, D = q.shape
+    o = q.new_empty(B, Lq, Hq, D) if flash_layout else q.new_empty(B, Hq, Lq, D)
+    lse = q.new_empty(B, Hq, Lq, dtype=torch.float32)
+    _attention_forward(q, k, v, o.transpose(1, 2) if flash_layout else o, lse, causal, scale)
+    return o, lse
+
+@_attention_op.register_fake
+def _attention_op_fake(q, k, v, causal, scale, flash_layout):
+    B, Hq, Lq, D = q.shape
+    o = q.new_empty(B, Lq, Hq, D) if flash_layout else q.new_empty(B, Hq, Lq, D)
+    return o, q.new_empty(B, Hq, Lq, dtype=torch.float32)
+
+# %% ../nbs/03_triton_forward.ipynb #e82a902c
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               k:torch.Tensor,         # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
               v:torch.Tensor,         # (B, Hkv, Lk, D) values
@@ -310,13 +331,10 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
              ):                       # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32, natural log)
     "FlashAttention-2 forward in Triton: softmax(q kᵀ · scale) v, with GQA/MQA, for any strides whose last dim is contiguous."
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
-    scale = D ** -0.5 if scale is None else float(scale)
-    o = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    _attention_forward(q, k, v, o, lse, causal, scale)
+    o, lse = _attention_op(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False)
     return (o, lse) if return_lse else o
 
-# %% ../nbs/03_triton_forward.ipynb #ebfc0eab
+# %% ../nbs/03_triton_forward.ipynb #fc8594b1
 def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 or bf16
                     k:torch.Tensor,             # (B, Lk, Hkv, D) keys; Hq must be a multiple of Hkv
                     v:torch.Tensor,             # (B, Lk, Hkv, D) values
@@ -336,13 +354,11 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 o
     if alibi_slopes is not None: raise ValueError("alibi_slopes must be None: ALiBi is not supported yet")
     _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))            # (B, H, L, D) views of the same memory
-    B, Hq, Lq, D = q_.shape
-    out = torch.empty(B, Lq, Hq, D, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    _attention_forward(q_, k_, v_, out.transpose(1, 2), lse, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale))
+    D = q.shape[-1]
+    out, lse = _attention_op(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True)
     return (out, lse, None) if return_attn_probs else out
 
-# %% ../nbs/03_triton_forward.ipynb #68176b48
+# %% ../nbs/03_triton_forward.ipynb #ca017f0b
 def warmup(q:torch.Tensor, # (B, Hq, Lq, D) queries shaped like the real ones
            k:torch.Tensor, # (B, Hkv, Lk, D) keys
            v:torch.Tensor, # (B, Hkv, Lk, D) values

@@ -12,6 +12,7 @@ from .runtime import interpreting  # first: without a GPU it turns the interpret
 import contextlib
 import functools
 import math
+from typing import Optional
 import torch
 import triton
 import triton.language as tl
@@ -223,6 +224,22 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
                                             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
 
 # %% ../nbs/06_split_kv_decode.ipynb #ed8bc57c
+_OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"  # as in 03: a notebook's copy stays apart
+
+@torch.library.custom_op(f"{_OPS}::decode", mutates_args=())
+def _decode_op(q:torch.Tensor, k_cache:torch.Tensor, v_cache:torch.Tensor, cache_seqlens:Optional[torch.Tensor],
+               causal:bool, scale:float, num_splits:int) -> tuple[torch.Tensor, torch.Tensor]:
+    "(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out."
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty(q.shape[:3], dtype=torch.float32)
+    _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits)
+    return o, lse
+
+@_decode_op.register_fake
+def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+# %% ../nbs/06_split_kv_decode.ipynb #741113e8
 def _check_seqlens(cache_seqlens, batch:int, max_seqlen_k:int, device:torch.device):
     "None, or cache_seqlens as int32 (B,) on `device`; values are checked when they are on the CPU (no GPU sync)."
     if cache_seqlens is None: return None
@@ -256,7 +273,5 @@ def decode(q:torch.Tensor,                   # (B, Hq, Lq, D) queries of the new
     B, Hq, Hkv, Lq, Lmax, D = _check_inputs(q, k_cache, v_cache, causal, scale)
     seqlens = _check_seqlens(cache_seqlens, B, Lmax, q.device)
     num_splits = _check_num_splits(num_splits) or _choose_num_splits(B, Hkv, (Hq // Hkv) * Lq, Lmax, q.device)
-    o = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    _decode_forward(q, k_cache, v_cache, seqlens, o, lse, causal, D ** -0.5 if scale is None else float(scale), num_splits)
+    o, lse = _decode_op(q, k_cache, v_cache, seqlens, causal, D ** -0.5 if scale is None else float(scale), num_splits)
     return (o, lse) if return_lse else o

@@ -1,0 +1,106 @@
+"""PyTorch integration: the custom operators pass opcheck and compile without graph breaks; the transformers backend
+matches SDPA on a tiny Llama built from a config (logits, greedy generation, padding) and refuses what it cannot do."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import triton_fa2
+from triton_fa2.forward import _attention_op
+from triton_fa2.split_kv import _decode_op
+from test_attention import DEVICE, randn
+
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install 'triton_fa2[hf]'")
+import triton_fa2.hf as hf  # noqa: E402
+
+
+@pytest.mark.parametrize("op, args", [
+    (_attention_op, lambda: (randn(2, 4, 20, 32), randn(2, 2, 30, 32), randn(2, 2, 30, 32), True, 0.2, False)),        # SDPA layout, GQA
+    (_attention_op, lambda: (randn(1, 20, 2, 64).transpose(1, 2), randn(1, 9, 2, 64).transpose(1, 2),
+                             randn(1, 9, 2, 64).transpose(1, 2), False, 0.125, True)),                                 # flash layout, strided
+    (_decode_op, lambda: (randn(2, 4, 3, 32), randn(2, 2, 30, 32), randn(2, 2, 30, 32),
+                          torch.tensor([4, 30], dtype=torch.int32, device=DEVICE), True, 0.2, 3)),                     # split, ragged
+    (_decode_op, lambda: (randn(1, 2, 1, 32, dtype=torch.bfloat16), randn(1, 2, 17, 32, dtype=torch.bfloat16),
+                          randn(1, 2, 17, 32, dtype=torch.bfloat16), None, False, 0.2, 1)),                             # bf16, unsplit
+])
+def test_opcheck(op, args):
+    result = torch.library.opcheck(op, args())
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_public_functions_go_through_the_operators():
+    "attention, flash_attn_func and decode all dispatch triton_fa2's operators (seen by the profiler)."
+    q, k, v = randn(1, 2, 5, 32), randn(1, 2, 5, 32), randn(1, 2, 5, 32)
+    with torch.profiler.profile() as prof:
+        triton_fa2.attention(q, k, v); triton_fa2.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        triton_fa2.decode(q[:, :, :1], k, v)
+    names = [e.name for e in prof.events()]
+    assert names.count("triton_fa2::attention") >= 2 and names.count("triton_fa2::decode") >= 1, set(names)
+
+
+def test_compile_fullgraph_without_breaks():
+    def block(q, k, v):
+        return triton_fa2.attention(q, k, v, causal=True) * 2 + triton_fa2.decode(q[:, :, -1:], k, v)
+    q, k, v = randn(2, 4, 20, 32), randn(2, 2, 30, 32), randn(2, 2, 30, 32)
+    explanation = torch._dynamo.explain(block)(q, k, v)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager" if DEVICE.type == "cpu" else "inductor")
+    assert torch.equal(compiled(q, k, v), block(q, k, v))
+
+
+def tiny_llama(dtype=torch.float16):
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(device=DEVICE, dtype=dtype).eval()
+
+
+def test_tiny_llama_matches_sdpa_and_generates_the_same_tokens(monkeypatch):
+    hf.register()
+    calls = []
+    real = hf.attention_forward
+    monkeypatch.setitem(transformers.AttentionInterface._global_mapping, "triton_fa2", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (2, 24), device=DEVICE)
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa"); ref = model(ids).logits.float()
+        gen_ref = model.generate(ids[:1, :8], max_new_tokens=16, do_sample=False)
+        model.set_attn_implementation("triton_fa2"); ours = model(ids).logits.float()
+        gen = model.generate(ids[:1, :8], max_new_tokens=16, do_sample=False)
+    assert calls, "the model did not call triton_fa2's attention"
+    assert (ours - ref).abs().max().item() < 2e-2
+    assert torch.equal(gen, gen_ref)
+
+
+def test_padding_and_refusals():
+    hf.register()
+    model = tiny_llama()
+    model.set_attn_implementation("triton_fa2")
+    ids = torch.randint(0, 256, (2, 24), device=DEVICE)
+    with torch.no_grad():
+        mask = torch.ones(2, 24, dtype=torch.long, device=DEVICE); mask[1, 15:] = 0
+        padded = model(ids, attention_mask=mask).logits.float()
+        alone = model(ids[1:, :15]).logits.float()
+        assert (padded[1, :15] - alone[0]).abs().max().item() < 2e-2       # right padding: real tokens exact
+        left = torch.ones_like(mask); left[1, :9] = 0
+        with pytest.raises(ValueError, match="right-padded batches only"): model(ids, attention_mask=left)
+    attn = model.model.layers[0].self_attn
+    q, k = randn(1, 4, 5, 32), randn(1, 2, 5, 32)
+    with pytest.raises(ValueError, match="arbitrary masks are not supported"): hf.attention_forward(attn, q, k, k, torch.zeros(1, 1, 5, 5))
+    with pytest.raises(ValueError, match="no dropout"): hf.attention_forward(attn, q, k, k, None, dropout=0.1)
+    with pytest.raises(ValueError, match="softcap"): hf.attention_forward(attn, q, k, k, None, softcap=30.0)
+    with pytest.raises(ValueError, match="padding with a KV cache"):
+        hf.attention_forward(attn, q[:, :, :1], k, k, torch.tensor([[1, 1, 1, 0, 0]], device=DEVICE))
+    # non-causal (encoder-style) with right padding: padded keys are never read
+    out, weights = hf.attention_forward(attn, q, k, k, torch.tensor([[1, 1, 1, 0, 0]], device=DEVICE), is_causal=False)
+    ref = triton_fa2.attention(q, k[:, :, :3], k[:, :, :3]).transpose(1, 2)
+    assert weights is None and out.shape == (1, 5, 4, 32) and (out.float() - ref.float()).abs().max().item() < 2e-3
+
+
+def test_register_without_transformers_names_the_extra():
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "import triton_fa2, triton_fa2.hf\n"
+            "try:\n    triton_fa2.hf.register()\nexcept ImportError as e:\n    print('ERR', e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "ERR" in run.stdout and "triton_fa2[hf]" in run.stdout, run.stdout + run.stderr
