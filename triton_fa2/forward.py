@@ -300,25 +300,33 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
             DOT_FP32=_dot_in_fp32(q.dtype), **meta)
 
 # %% ../nbs/03_triton_forward.ipynb #ce6e8601
-# A notebook re-runs this cell in its own process, perhaps after the package was imported there: its copy gets another
+# A notebook runs this cell in its own process, perhaps after the package was imported there: its copy gets another
 # namespace, so that it neither collides with the package's operator nor takes it away when the notebook's objects die.
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
+_LIBRARIES = {}   # namespace → torch.library.Library; an operator lives as long as its library object
 
-@torch.library.custom_op(f"{_OPS}::attention", mutates_args=())
-def _attention_op(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, causal:bool, scale:float, flash_layout:bool
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _define_operator(namespace:str, schema:str, impl, fake):
+    "Register `impl` for every device, and its fake, as the operator `namespace::schema`; returns the callable overload."
+    if namespace not in _LIBRARIES: _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    lib, name = _LIBRARIES[namespace], schema.split("(")[0]
+    lib.define(schema)
+    lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{namespace}::{name}", fake, lib=lib)
+    return getattr(getattr(torch.ops, namespace), name).default
+
+def _attention_impl(q, k, v, causal, scale, flash_layout):
     "(B, H, L, D) views in; o ((B, Hq, Lq, D), or (B, Lq, Hq, D) with flash_layout) and lse (B, Hq, Lq) float32 out."
-    B, Hq, Lq, D = q.shape
-    o = q.new_empty(B, Lq, Hq, D) if flash_layout else q.new_empty(B, Hq, Lq, D)
-    lse = q.new_empty(B, Hq, Lq, dtype=torch.float32)
+    o, lse = _attention_fake(q, k, v, causal, scale, flash_layout)
     _attention_forward(q, k, v, o.transpose(1, 2) if flash_layout else o, lse, causal, scale)
     return o, lse
 
-@_attention_op.register_fake
-def _attention_op_fake(q, k, v, causal, scale, flash_layout):
+def _attention_fake(q, k, v, causal, scale, flash_layout):
     B, Hq, Lq, D = q.shape
     o = q.new_empty(B, Lq, Hq, D) if flash_layout else q.new_empty(B, Hq, Lq, D)
     return o, q.new_empty(B, Hq, Lq, dtype=torch.float32)
+
+_attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool flash_layout) -> (Tensor, Tensor)",
+                                 _attention_impl, _attention_fake)
 
 # %% ../nbs/03_triton_forward.ipynb #e82a902c
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _dot_in_fp32,
+from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _define_operator, _dot_in_fp32,
                                 _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _q_block_rows, _smem_bytes)
 
 # %% ../nbs/06_split_kv_decode.ipynb #994421ff
@@ -226,18 +226,17 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
 # %% ../nbs/06_split_kv_decode.ipynb #ed8bc57c
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"  # as in 03: a notebook's copy stays apart
 
-@torch.library.custom_op(f"{_OPS}::decode", mutates_args=())
-def _decode_op(q:torch.Tensor, k_cache:torch.Tensor, v_cache:torch.Tensor, cache_seqlens:Optional[torch.Tensor],
-               causal:bool, scale:float, num_splits:int) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
     "(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out."
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = q.new_empty(q.shape[:3], dtype=torch.float32)
+    o, lse = _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits)
     _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits)
     return o, lse
 
-@_decode_op.register_fake
-def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+_decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, bool causal, "
+                                    "float scale, int num_splits) -> (Tensor, Tensor)", _decode_impl, _decode_fake)
 
 # %% ../nbs/06_split_kv_decode.ipynb #741113e8
 def _check_seqlens(cache_seqlens, batch:int, max_seqlen_k:int, device:torch.device):
