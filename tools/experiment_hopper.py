@@ -1,0 +1,77 @@
+"""Issue 6 experiment (GPU): every kernel variant × every candidate config on a few prefill shapes, each launch checked
+against SDPA's FLASH backend before it is timed. Prints the best config per (shape, variant) and writes every row.
+
+    PYTHONPATH=. python3 tools/experiment_hopper.py --out $OUT/hopper_variants.csv --seconds 480 --commit SHA
+
+Predictions are in notes/performance.md (issue 6) and were written before the first run."""
+import argparse, csv, datetime, itertools, time
+import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
+import torch, triton
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton_fa2.forward import _INTERPRETER_CONFIG, _attention_forward, _gpu_configs, _shape
+from triton_fa2.naive import attention_ref
+
+GPU = torch.cuda.is_available()      # without one: a smoke test of this script on tiny shapes in the interpreter
+
+SHAPES = [  # (B, H, N, D, causal): the money shot, its non-causal twin, a long causal one, head dim 64
+    (8, 32, 2048, 128, True), (8, 32, 2048, 128, False), (1, 32, 16384, 128, True), (8, 32, 2048, 64, True)]
+VARIANTS = [{}, {"fold_scale": True}, {"use_tma": True}, {"longest_first": True},
+            {"use_tma": True, "fold_scale": True}, {"use_tma": True, "fold_scale": True, "longest_first": True},
+            {"use_tma": True, "fold_scale": True, "warp_specialize": True}, {"fold_scale": True, "warp_specialize": True}]
+EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4)]   # beyond the autotuner's candidates
+
+
+def main(out, seconds, commit):
+    start = time.time()
+    shapes = SHAPES if GPU else [(1, 2, 40, 32, True), (1, 2, 40, 32, False)]
+    configs = [_INTERPRETER_CONFIG] if not GPU else _gpu_configs() + [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s,
+                                              pre_hook=_gpu_configs()[0].pre_hook) for m, n, w, s in EXTRA]
+    meta = dict(gpu=torch.cuda.get_device_name() if GPU else "cpu (interpreter)", torch=torch.__version__, triton=triton.__version__, commit=commit,
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
+    rows, writer = [], None
+    f = open(out, "w", newline="")
+    for (B, H, N, D, causal), variant in itertools.product(shapes, VARIANTS):
+        torch.manual_seed(0)
+        device = "cuda" if GPU else "cpu"
+        q, k, v = (torch.randn(B, H, N, D, device=device, dtype=torch.bfloat16) for _ in range(3))
+        if GPU:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION): ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else: ref = attention_ref(q, k, v, causal=causal)[0]
+        flops = 4 * B * H * N * N * D / (2 if causal else 1)
+        o, lse = torch.empty_like(q), torch.empty(B, H, N, device=device)
+        for config in configs:
+            if time.time() - start > seconds: print("stopped at the time limit"); f.close(); return rows
+            row = dict(B=B, H=H, N=N, D=D, causal=int(causal), variant="+".join(variant) or "baseline",
+                       config="{}x{} w{} s{}".format(*_shape(config)), ms="", tflops="", max_err="", error="", **meta)
+            run = lambda: _attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, pack_gqa=False, variant=variant)
+            try:
+                o.fill_(float("nan")); run()
+                if GPU: torch.cuda.synchronize()
+                err = (o.float() - ref.float()).abs().max().item()
+                row["max_err"] = f"{err:.2e}"
+                if not err <= 2e-2: row["error"] = "wrong result"
+                elif GPU:
+                    ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+                    row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            rows.append(row)
+            if writer is None: writer = csv.DictWriter(f, list(row)); writer.writeheader()
+            writer.writerow(row); f.flush()
+        mine = rows[-len(configs):]
+        best = max((r for r in mine if r["tflops"]), key=lambda r: float(r["tflops"]), default=None)
+        print(f"({B}, {H}, {N}, {D}) {'causal' if causal else 'full'} {row['variant']:<40} best "
+              + (f"{best['tflops']} TFLOP/s with {best['config']}" if best else "none ran")
+              + f"   [{sum(1 for r in mine if r['error'])} of {len(mine)} configs failed: "
+              + "; ".join(sorted({r['error'][:80] for r in mine if r['error']})) + "]", flush=True)
+    f.close()
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="hopper_variants.csv"); ap.add_argument("--seconds", type=float, default=480)
+    ap.add_argument("--commit", default="unknown")
+    a = ap.parse_args()
+    main(a.out, a.seconds, a.commit)
