@@ -262,6 +262,21 @@ def test_numpy_too_new_for_the_interpreter(monkeypatch):
     fwd._check_interpreter()
 
 
+def test_triton_imported_first_without_a_gpu(tmp_path):
+    "Without a GPU, `import triton` before `import triton_fa2` leaves Triton's helpers built for a GPU: a clear error."
+    if torch.cuda.is_available(): pytest.skip("only without a GPU does triton_fa2 select the interpreter itself")
+    code = textwrap.dedent("""
+        import os; os.environ.pop("TRITON_INTERPRET", None)
+        import triton, torch
+        import triton_fa2
+        q = torch.randn(1, 1, 4, 16, dtype=torch.float16)
+        triton_fa2.attention(q, q, q)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert run.returncode != 0 and "import triton_fa2 first" in run.stderr, run.stderr[-2000:]
+
+
 def test_cpu_tensors_without_the_interpreter(tmp_path):
     "With TRITON_INTERPRET=0, CPU tensors are refused with the fix, not handed to a GPU kernel."
     script = tmp_path / "probe.py"

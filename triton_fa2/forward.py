@@ -306,11 +306,15 @@ _DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
 def _check_interpreter():
-    "Triton ≤ 3.6's interpreter breaks on NumPy ≥ 2.4 (triton#9171): say so instead of failing deep inside."
-    if interpreting() and tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4) \
-            and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7):
+    "Interpreter set-ups that would fail deep inside Triton: say what is wrong and how to fix it."
+    if not interpreting(): return
+    if tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4) and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7):
         raise RuntimeError(f"Triton {triton.__version__}'s interpreter does not work with NumPy {np.__version__} "
                            "(triton-lang/triton#9171); install numpy<2.4")
+    if type(tl.cdiv).__name__ != "InterpretedFunction":   # Triton's own jitted helpers were built for a GPU
+        raise RuntimeError("triton was imported before triton_fa2 on a machine without a GPU, so Triton's own library was "
+                           "set up for a GPU and cannot run in its interpreter; import triton_fa2 first, or set "
+                           "TRITON_INTERPRET=1 before importing triton")
 
 def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
     "Raise TypeError/ValueError naming the problem; return (B, Hq, Hkv, Lq, Lk, D). `layout` is SDPA's or flash-attn's."
