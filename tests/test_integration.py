@@ -98,6 +98,34 @@ def test_padding_and_refusals():
     assert weights is None and out.shape == (1, 5, 4, 32) and (out.float() - ref.float()).abs().max().item() < 2e-3
 
 
+def test_compiled_model_with_masks_and_a_cache():
+    "fullgraph compile of the whole model: no mask, right padding, a mask with a KV cache (greedy generation), and the checks."
+    hf.register()
+    model = tiny_llama()
+    model.set_attn_implementation("triton_fa2")
+    ids = torch.randint(0, 256, (2, 24), device=DEVICE)
+    mask = torch.ones(2, 24, dtype=torch.long, device=DEVICE); mask[1, 15:] = 0
+    left = torch.ones_like(mask); left[1, :9] = 0
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager" if DEVICE.type == "cpu" else "inductor")
+    with torch.no_grad():
+        for m in (None, mask):
+            assert (compiled(ids, attention_mask=m).logits.float() - model(ids, attention_mask=m).logits.float()).abs().max() < 2e-2
+        with pytest.raises(ValueError, match="right-padded batches only"): compiled(ids, attention_mask=left)
+        # one decode step after a prefill, through the compiled model: the all-ones mask reaches attention_forward
+        out = model(ids[:1, :8], use_cache=True)
+        step = compiled(ids[:1, 8:9], attention_mask=torch.ones(1, 9, dtype=torch.long, device=DEVICE), past_key_values=out.past_key_values)
+        full = model(ids[:1, :9]).logits[:, -1]
+        assert (step.logits[:, -1].float() - full.float()).abs().max() < 2e-2
+
+
+def test_padding_mask_function():
+    "None when nothing is padded (eager), the sliced 2-D mask otherwise."
+    m = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert hf.padding_mask(2, 4, 4, attention_mask=None) is None
+    assert hf.padding_mask(2, 4, 4, attention_mask=torch.ones_like(m)) is None
+    assert torch.equal(hf.padding_mask(2, 1, 3, attention_mask=m), m[:, -3:])
+
+
 def test_register_without_transformers_names_the_extra():
     code = ("import sys; sys.modules['transformers'] = None\n"
             "import triton_fa2, triton_fa2.hf\n"

@@ -240,12 +240,12 @@ _decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_c
 
 # %% ../nbs/06_split_kv_decode.ipynb #741113e8
 def _check_seqlens(cache_seqlens, batch:int, max_seqlen_k:int, device:torch.device):
-    "None, or cache_seqlens as int32 (B,) on `device`; values are checked when they are on the CPU (no GPU sync)."
+    "None, or cache_seqlens as int32 (B,) on `device`; values are checked when they are on the CPU (no GPU sync) and not being traced (the kernel clamps them anyway)."
     if cache_seqlens is None: return None
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"cache_seqlens must be an int32 torch.Tensor of shape ({batch},) or None, got {getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
     if cache_seqlens.shape != (batch,): raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
-    if cache_seqlens.device.type == "cpu":
+    if cache_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():   # a traced graph cannot branch on values
         if batch and (cache_seqlens.min() < 0 or cache_seqlens.max() > max_seqlen_k):
             raise ValueError(f"cache_seqlens must lie in [0, Lmax={max_seqlen_k}], got min {int(cache_seqlens.min())} and max {int(cache_seqlens.max())}")
     elif cache_seqlens.device != device:
