@@ -61,6 +61,21 @@ def test_variant_refusals_and_descriptor_alignment():
         _attention_forward(q, k, k, o, lse, True, 0.1, variant={"tma": True})
 
 
+def test_cached_launch_reuses_the_autotuners_pick():
+    "cached_launch: the first call autotunes and remembers the config under our key; the second launches it directly."
+    import triton_fa2.forward as fwd
+    fwd._TUNED.clear()
+    q, k, v = (randn(1, 2, 50, 64, dtype=torch.bfloat16) for _ in range(3))
+    outs = []
+    for _ in range(2):
+        o = torch.full_like(q, float("nan")); lse = torch.empty(1, 2, 50, device=q.device)
+        _attention_forward(q, k, v, o, lse, True, 0.125, variant={"cached_launch": True}); outs.append(o)
+    assert len(fwd._TUNED) == 1 and next(iter(fwd._TUNED.values())) is fwd._attn_fwd_tuned.best_config
+    assert torch.equal(outs[0], outs[1])
+    o_ref, _ = attention_ref(q, k, v, causal=True, scale=0.125, upcast=torch.float64)
+    assert errors(outs[1], o_ref)[0] <= TOL[torch.bfloat16][0]
+
+
 def test_fold_scale_is_not_used_with_a_negative_scale():
     "max(S)·s = max(S·s) holds only for s > 0: a negative scale must still be exact."
     q, k, v = (randn(1, 2, 40, 32) for _ in range(3))
