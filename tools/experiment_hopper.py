@@ -14,12 +14,15 @@ from triton_fa2.naive import attention_ref
 
 GPU = torch.cuda.is_available()      # without one: a smoke test of this script on tiny shapes in the interpreter
 
-SHAPES = [  # (B, H, N, D, causal): the money shot, its non-causal twin, a long causal one, head dim 64
-    (8, 32, 2048, 128, True), (8, 32, 2048, 128, False), (1, 32, 16384, 128, True), (8, 32, 2048, 64, True)]
+SHAPES = [  # (B, H, N, D, causal, dtype): the money shot, its non-causal twin, a long causal one, head dim 64, fp16
+    (8, 32, 2048, 128, True, "bf16"), (8, 32, 2048, 128, False, "bf16"), (1, 32, 16384, 128, True, "bf16"),
+    (8, 32, 2048, 64, True, "bf16"), (8, 32, 2048, 128, True, "fp16")]
 VARIANTS = [{}, {"fold_scale": True}, {"use_tma": True}, {"longest_first": True},
             {"use_tma": True, "fold_scale": True}, {"use_tma": True, "fold_scale": True, "longest_first": True},
             {"use_tma": True, "fold_scale": True, "warp_specialize": True}, {"fold_scale": True, "warp_specialize": True}]
-EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4)]   # beyond the autotuner's candidates
+EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (128, 64, 8, 4), (64, 64, 4, 4),
+         (128, 32, 4, 4), (64, 64, 4, 2)]   # beyond the autotuner's candidates
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _configs():
@@ -32,11 +35,11 @@ _INPUTS = {}
 
 def _compile_one(task):
     "A worker's job: one launch of (shape, variant, config index), so that its binary lands in Triton's disk cache."
-    (B, H, N, D, causal), variant, index = task
-    if (B, H, N, D) not in _INPUTS:
+    (B, H, N, D, causal, dtype), variant, index = task
+    if (B, H, N, D, dtype) not in _INPUTS:
         _INPUTS.clear()
-        _INPUTS[(B, H, N, D)] = [torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-    q, k, v = _INPUTS[(B, H, N, D)]
+        _INPUTS[(B, H, N, D, dtype)] = [torch.randn(B, H, N, D, device="cuda", dtype=DTYPES[dtype]) for _ in range(3)]
+    q, k, v = _INPUTS[(B, H, N, D, dtype)]
     try:
         _attention_forward(q, k, v, torch.empty_like(q), torch.empty(B, H, N, device="cuda"), causal, D ** -0.5,
                            config=_configs()[index], pack_gqa=False, variant=variant)
@@ -44,29 +47,30 @@ def _compile_one(task):
     except Exception: pass            # the timing pass records the error
 
 
-def precompile(shapes, workers):
+def precompile(shapes, variants, workers):
     "Compile every (shape, variant, config) in parallel processes first: the timing pass then loads binaries from disk."
     import concurrent.futures, multiprocessing
-    tasks = [(shape, variant, i) for shape in shapes for variant in VARIANTS for i in range(len(_configs()))]
+    tasks = [(shape, variant, i) for shape in shapes for variant in variants for i in range(len(_configs()))]
     t0 = time.time()
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_one, tasks, chunksize=4))
     print(f"precompiled {len(tasks)} launches with {workers} processes in {time.time() - t0:.0f} s", flush=True)
 
 
-def main(out, seconds, commit, workers=0):
+def main(out, seconds, commit, workers=0, shapes=None, variants=None):
     start = time.time()
-    shapes = SHAPES if GPU else [(1, 2, 40, 32, True), (1, 2, 40, 32, False)]
-    if GPU and workers: precompile(shapes, workers)
+    shapes = (shapes or SHAPES) if GPU else [(1, 2, 40, 32, True, "bf16"), (1, 2, 40, 32, False, "fp16")]
+    variants = variants or VARIANTS
+    if GPU and workers: precompile(shapes, variants, workers)
     configs = _configs()
     meta = dict(gpu=torch.cuda.get_device_name() if GPU else "cpu (interpreter)", torch=torch.__version__, triton=triton.__version__, commit=commit,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
     rows, writer = [], None
     f = open(out, "w", newline="")
-    for (B, H, N, D, causal), variant in itertools.product(shapes, VARIANTS):
+    for (B, H, N, D, causal, dtype), variant in itertools.product(shapes, variants):
         torch.manual_seed(0)
         device = "cuda" if GPU else "cpu"
-        q, k, v = (torch.randn(B, H, N, D, device=device, dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(B, H, N, D, device=device, dtype=DTYPES[dtype]) for _ in range(3))
         if GPU:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION): ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         else: ref = attention_ref(q, k, v, causal=causal)[0]
@@ -74,7 +78,7 @@ def main(out, seconds, commit, workers=0):
         o, lse = torch.empty_like(q), torch.empty(B, H, N, device=device)
         for config in configs:
             if time.time() - start > seconds: print("stopped at the time limit"); f.close(); return rows
-            row = dict(B=B, H=H, N=N, D=D, causal=int(causal), variant="+".join(variant) or "baseline",
+            row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=dtype, variant="+".join(variant) or "baseline",
                        config="{}x{} w{} s{}".format(*_shape(config)), ms="", tflops="", max_err="", error="", **meta)
             run = lambda: _attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, pack_gqa=False, variant=variant)
             try:
@@ -93,7 +97,7 @@ def main(out, seconds, commit, workers=0):
             writer.writerow(row); f.flush()
         mine = rows[-len(configs):]
         best = max((r for r in mine if r["tflops"]), key=lambda r: float(r["tflops"]), default=None)
-        print(f"({B}, {H}, {N}, {D}) {'causal' if causal else 'full'} {row['variant']:<40} best "
+        print(f"({B}, {H}, {N}, {D}) {dtype} {'causal' if causal else 'full'} {row['variant']:<40} best "
               + (f"{best['tflops']} TFLOP/s with {best['config']}" if best else "none ran")
               + f"   [{sum(1 for r in mine if r['error'])} of {len(mine)} configs failed: "
               + "; ".join(sorted({r['error'][:80] for r in mine if r['error']})) + "]", flush=True)
@@ -106,5 +110,9 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="hopper_variants.csv"); ap.add_argument("--seconds", type=float, default=480)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--workers", type=int, default=0, help="processes that compile every launch before timing (GPU)")
+    ap.add_argument("--variants", default="", help="';'-separated variants, each ','-separated flags ('' = baseline); default: all")
+    ap.add_argument("--shapes", default="", help="indices into SHAPES, e.g. 0,1; default: all")
     a = ap.parse_args()
-    main(a.out, a.seconds, a.commit, a.workers)
+    variants = [{f: True for f in v.split(",") if f} for v in a.variants.split(";")] if a.variants else None
+    shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else None
+    main(a.out, a.seconds, a.commit, a.workers, shapes, variants)

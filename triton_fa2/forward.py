@@ -63,33 +63,34 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     kv_z=0, kv_h=0,                         # with USE_TMA: the batch and KV head to read K, V descriptors at
                     USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False):
     if USE_TMA or FOLD_SCALE or WARP_SPECIALIZE:            # the Hopper variants under measurement (below)
-        return _attn_fwd_inner_variants(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, kv_z, kv_h,
-                                        offs_m, offs_n, offs_d, lo, hi, seqlen_k, diag_offset, qk_scale,
-                                        MASKED, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, USE_TMA, FOLD_SCALE, WARP_SPECIALIZE)
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        k = _load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
-        else: qk = tl.dot(q, tl.trans(k))
-        qk = qk * qk_scale                                   # base-2 logits
-        if MASKED:
-            visible = cols[None, :] < seqlen_k
-            if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
-            qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if MASKED: m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing: 2^(−∞−0) = 0, not NaN
-        else: m_use = m_new
-        p = tl.math.exp2(qk - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)                    # rescales the old state when the max grows
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = _load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        p = p.to(v.dtype)                                    # the tensor cores take P in the input dtype
-        if DOT_FP32: acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
-        else: acc = tl.dot(p, v, acc)
-        m_i = m_new
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+        acc, l_i, m_i = _attn_fwd_inner_variants(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, kv_z, kv_h,
+                                                 offs_m, offs_n, offs_d, lo, hi, seqlen_k, diag_offset, qk_scale,
+                                                 MASKED, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, USE_TMA, FOLD_SCALE, WARP_SPECIALIZE)
+    else:   # no early return: Triton would still compile the loop below with descriptors as pointers
+        for start_n in range(lo, hi, BLOCK_N):
+            cols = start_n + offs_n
+            k = _load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+            if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+            else: qk = tl.dot(q, tl.trans(k))
+            qk = qk * qk_scale                                   # base-2 logits
+            if MASKED:
+                visible = cols[None, :] < seqlen_k
+                if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
+                qk = tl.where(visible, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            if MASKED: m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing: 2^(−∞−0) = 0, not NaN
+            else: m_use = m_new
+            p = tl.math.exp2(qk - m_use[:, None])
+            alpha = tl.math.exp2(m_i - m_use)                    # rescales the old state when the max grows
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            v = _load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+            p = p.to(v.dtype)                                    # the tensor cores take P in the input dtype
+            if DOT_FP32: acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
+            else: acc = tl.dot(p, v, acc)
+            m_i = m_new
+            k_ptrs += BLOCK_N * stride_kn
+            v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
 # %% ../nbs/03_triton_forward.ipynb #0e72cbd2
