@@ -61,11 +61,12 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
                     kv_z=0, kv_h=0,                         # with USE_TMA: the batch and KV head to read K, V descriptors at
-                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False):
-    if USE_TMA or FOLD_SCALE or WARP_SPECIALIZE:            # the Hopper variants under measurement (below)
+                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+                    OVERLAP: tl.constexpr = False):
+    if USE_TMA or FOLD_SCALE or WARP_SPECIALIZE or OVERLAP:            # the Hopper variants under measurement (below)
         acc, l_i, m_i = _attn_fwd_inner_variants(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, kv_z, kv_h,
                                                  offs_m, offs_n, offs_d, lo, hi, seqlen_k, diag_offset, qk_scale,
-                                                 MASKED, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, USE_TMA, FOLD_SCALE, WARP_SPECIALIZE)
+                                                 MASKED, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, USE_TMA, FOLD_SCALE, WARP_SPECIALIZE, OVERLAP)
     else:   # no early return: Triton would still compile the loop below with descriptors as pointers
         for start_n in range(lo, hi, BLOCK_N):
             cols = start_n + offs_n
@@ -120,24 +121,41 @@ def _attn_fwd_inner_variants(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_v
                              offs_m, offs_n, offs_d, lo, hi, seqlen_k, diag_offset, qk_scale,
                              MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                              BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, USE_TMA: tl.constexpr,
-                             FOLD_SCALE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                             FOLD_SCALE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, OVERLAP: tl.constexpr = False):
     "`_attn_fwd_inner` with the variants: k_src, v_src are descriptors (USE_TMA) or tile pointers at key `lo`."
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        cols = start_n + offs_n
-        if USE_TMA: k = k_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
-        else: k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
-        else: qk = tl.dot(q, tl.trans(k))
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE)
-        acc = acc * alpha[:, None]
-        if USE_TMA: v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
-        else: v = _load_rows(v_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        p = p.to(v.dtype)
-        if DOT_FP32: acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
-        else: acc = tl.dot(p, v, acc)
-        if not USE_TMA:
-            k_src += BLOCK_N * stride_kn
-            v_src += BLOCK_N * stride_vn
+    if OVERLAP and USE_TMA and not MASKED:                  # S of the next tile is issued before this tile's softmax
+        if hi > lo:
+            k = k_src.load([kv_z, kv_h, lo, 0]).reshape([BLOCK_N, BLOCK_D])
+            qk = tl.dot(q, tl.trans(k))
+            for start_n in tl.range(lo, hi - BLOCK_N, BLOCK_N):
+                k_next = k_src.load([kv_z, kv_h, start_n + BLOCK_N, 0]).reshape([BLOCK_N, BLOCK_D])
+                qk_next = tl.dot(q, tl.trans(k_next))
+                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_n, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE)
+                acc = acc * alpha[:, None]
+                v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+                acc = tl.dot(p.to(v.dtype), v, acc)
+                qk = qk_next
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_n, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE)
+            acc = acc * alpha[:, None]
+            v = v_src.load([kv_z, kv_h, hi - BLOCK_N, 0]).reshape([BLOCK_N, BLOCK_D])
+            acc = tl.dot(p.to(v.dtype), v, acc)
+    else:
+        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            cols = start_n + offs_n
+            if USE_TMA: k = k_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+            else: k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+            if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+            else: qk = tl.dot(q, tl.trans(k))
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE)
+            acc = acc * alpha[:, None]
+            if USE_TMA: v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+            else: v = _load_rows(v_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+            p = p.to(v.dtype)
+            if DOT_FP32: acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
+            else: acc = tl.dot(p, v, acc)
+            if not USE_TMA:
+                k_src += BLOCK_N * stride_kn
+                v_src += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
 # %% ../nbs/03_triton_forward.ipynb #63820edd
@@ -181,7 +199,7 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PACK_GQA: tl.constexpr,
               DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
-              LONGEST_FIRST: tl.constexpr = False):  # variants under measurement; with USE_TMA, Q, K, V, O are descriptors
+              LONGEST_FIRST: tl.constexpr = False, OVERLAP: tl.constexpr = False):  # variants under measurement; with USE_TMA, Q, K, V, O are descriptors
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(not (USE_TMA and PACK_GQA))
     pid = tl.program_id(0)
@@ -227,7 +245,7 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     0, full_end, seqlen_k, diag_offset, qk_scale,
                                     False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
-                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE, WARP_SPECIALIZE)
+                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE, WARP_SPECIALIZE, OVERLAP)
     if not USE_TMA:
         k_ptrs += full_end.to(tl.int64) * stride_kn
         v_ptrs += full_end.to(tl.int64) * stride_vn
@@ -295,7 +313,7 @@ def _bench_candidate(fn, quantiles):
 
 _attn_fwd_tuned = triton.autotune(
     configs=[_INTERPRETER_CONFIG] if interpreting() else _gpu_configs(),
-    key=["HEAD_DIM", "CAUSAL", "PACK_GQA", "tune_rows", "tune_seqlen_k", "USE_TMA", "FOLD_SCALE", "WARP_SPECIALIZE", "LONGEST_FIRST"],
+    key=["HEAD_DIM", "CAUSAL", "PACK_GQA", "tune_rows", "tune_seqlen_k", "USE_TMA", "FOLD_SCALE", "WARP_SPECIALIZE", "LONGEST_FIRST", "OVERLAP"],
     prune_configs_by=dict(early_config_prune=_prune_configs), do_bench=_bench_candidate)(_attn_fwd)
 
 def _bucket(n:int, lo:int, hi:int) -> int:
@@ -371,7 +389,7 @@ def _descriptor(t):
     "A descriptor of a (B, H, L, D) view; its tile shape is set per config (`_set_descriptor_blocks`)."
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, 16])
 
-VARIANTS = ("use_tma", "fold_scale", "warp_specialize", "longest_first", "cached_launch")
+VARIANTS = ("use_tma", "fold_scale", "warp_specialize", "longest_first", "overlap", "cached_launch")
 _HOST_VARIANTS = {"cached_launch"}  # host-side only: no kernel flag
 _TUNED = {}                         # cached_launch: our key → the config the autotuner chose, launched directly next time
 
