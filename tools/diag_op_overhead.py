@@ -25,10 +25,9 @@ for B, H, N, D in ((1, 32, 512, 64), (8, 32, 2048, 128)):
     o, lse = torch.empty_like(q), torch.empty(B, H, N, device="cuda", dtype=torch.float32)
     op = lambda: attention(q, k, v, causal=True)
     direct = lambda: _attention_forward(q, k, v, o, lse, True, D ** -0.5)
-    cached = lambda: _attention_forward(q, k, v, o, lse, True, D ** -0.5, variant={"cached_launch": True})
-    op(); direct(); cached()
+    op(); direct()
     print(f"attention (B={B}, H={H}, N={N}, D={D}) causal: host µs per call: through the operator {host_us(op):.1f}, "
-          f"direct launch {host_us(direct):.1f}, direct with cached_launch {host_us(cached):.1f}; GPU µs in a graph: {graph_us(op):.1f}")
+          f"direct launch {host_us(direct):.1f}; GPU µs in a graph: {graph_us(op):.1f}")
 
 B, Hq, Hkv, L, D = 8, 32, 8, 8192, 128
 q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)

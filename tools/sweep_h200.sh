@@ -10,6 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || true
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 [ -f results/raw.csv ] && cp results/raw.csv "$OUT/results/raw.csv"
+python3 tools/precompile.py --workers "${PRECOMPILE_WORKERS:-15}" 2>&1 | grep -v Warning | tee -a "$OUT/sweep.log"   # cache hits when warm
 timeout "${SWEEP_SECONDS:-480}" python3 -m triton_fa2.bench --resume --out "$OUT/results/raw.csv" \
   --commit "${COMMIT:?pass COMMIT=sha}" 2>&1 | tee -a "$OUT/sweep.log"
 case $? in

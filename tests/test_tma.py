@@ -1,0 +1,102 @@
+"""The forward kernel's two ways of reading tiles (issue 6): tensor descriptors (TMA, the default on Hopper and in the
+interpreter) and per-thread pointers (every other GPU, packed GQA rows, unaligned views), each against `attention_ref`
+in float64; the folded scale; the autotuner's pick launched directly on later calls. CPU (CI): Triton's interpreter,
+which executes tensor descriptors too.
+"""
+import pytest
+import torch
+
+import triton_fa2.forward as fwd
+from triton_fa2.forward import _attention_forward, _descriptors_fit, _gpu_configs, _shape
+from triton_fa2.naive import attention_ref
+from triton_fa2.runtime import interpreting
+from test_attention import LSE_TOL, TOL, errors, randn
+
+
+def check_path(q, k, v, causal, use_tma, config=None, scale=None):
+    "Poisoned outputs in flash-attn's layout, one launch through the chosen path, o and lse against float64."
+    B, Hq, Lq, D = q.shape
+    scale = D ** -0.5 if scale is None else scale
+    o = torch.full((B, Lq, Hq, D), float("nan"), device=q.device, dtype=q.dtype).transpose(1, 2)
+    lse = torch.full((B, Hq, Lq), float("nan"), device=q.device)
+    _attention_forward(q, k, v, o, lse, causal, scale, config=config, pack_gqa=False, use_tma=use_tma)
+    o_ref, lse_ref = attention_ref(q, k, v, causal=causal, scale=scale, upcast=torch.float64)
+    assert not o.isnan().any() and not lse.isnan().any(), "an element was left unwritten, or NaN was produced"
+    max_abs, rel = errors(o, o_ref)
+    tol_abs, tol_rel = TOL[q.dtype]
+    assert max_abs <= tol_abs and rel <= tol_rel, f"use_tma={use_tma}: max abs {max_abs:.3g} (tol {tol_abs}), rel {rel:.3g} (tol {tol_rel})"
+    torch.testing.assert_close(lse.double(), lse_ref, **LSE_TOL)
+
+
+# (B, Hq, Hkv, Lq, Lk, D) with the interpreter's 32×16 tiles:
+SHAPES = [
+    (2, 3, 3, 17, 17, 64),      # odd length inside one Q block: the masked run alone; descriptor rows past Lq clipped
+    (1, 2, 2, 100, 100, 80),    # D = 80: the descriptor pads columns 80…127 with zeros and clips them on the store
+    (1, 4, 2, 100, 37, 64),     # GQA 2:1 and Lq > Lk: 63 rows see nothing (O = 0, LSE = −∞); longest-first order
+    (1, 2, 2, 1, 70, 32),       # one query against 70 keys: four full tiles and a partial one
+    (1, 1, 1, 65, 65, 16),      # three Q blocks, the last of one row: the reversed order starts with the full ones
+]
+
+
+@pytest.mark.parametrize("use_tma", [True, False], ids=["descriptors", "pointers"])
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_both_tile_sources_match_reference(use_tma, B, Hq, Hkv, Lq, Lk, D, causal, dtype):
+    check_path(randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype),
+               causal, use_tma)
+
+
+def test_descriptor_alignment_and_refusals():
+    q = randn(1, 2, 20, 64); k = randn(1, 2, 20, 64)
+    assert _descriptors_fit(q, k)
+    assert not _descriptors_fit(randn(1, 2, 20, 68)[..., :60])       # a row stride of 68 · 2 bytes is not 16-byte aligned
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 20, device=q.device)
+    with pytest.raises(ValueError, match="use_tma needs unpacked rows"):
+        _attention_forward(q, k, k, o, lse, True, 0.1, pack_gqa=True, use_tma=True)
+
+
+def test_unaligned_views_take_pointers():
+    "A view whose row stride is not a multiple of 16 bytes cannot be a descriptor: the default path falls back, exactly."
+    base = randn(1, 2, 40, 72)
+    q, k, v = (base[..., :64] for _ in range(3))                       # row stride 72 · 2 = 144 bytes: aligned
+    assert _descriptors_fit(q)
+    odd = randn(1, 2, 40, 68)[..., :64]                                # 136 bytes: not aligned
+    assert not _descriptors_fit(odd)
+    check_path(odd, odd, odd, True, use_tma=None)
+
+
+def test_the_autotuners_pick_is_launched_directly_afterwards():
+    "The first call autotunes and remembers the config under our key; the second launches it without the autotuner."
+    fwd._TUNED.clear()
+    q, k, v = (randn(1, 2, 50, 64, dtype=torch.bfloat16) for _ in range(3))
+    outs, configs = [], []
+    for _ in range(2):
+        o = torch.full_like(q, float("nan")); lse = torch.empty(1, 2, 50, device=q.device)
+        configs.append(_attention_forward(q, k, v, o, lse, True, 0.125)); outs.append(o)
+    assert len(fwd._TUNED) == 1 and next(iter(fwd._TUNED.values())) is configs[0] is configs[1]
+    assert torch.equal(outs[0], outs[1])
+    o_ref, _ = attention_ref(q, k, v, causal=True, scale=0.125, upcast=torch.float64)
+    assert errors(outs[1], o_ref)[0] <= TOL[torch.bfloat16][0]
+
+
+@pytest.mark.parametrize("use_tma", [True, False], ids=["descriptors", "pointers"])
+@pytest.mark.parametrize("scale", [-0.2, 0.0, 1e-3])
+def test_the_folded_scale_only_for_positive_scales(use_tma, scale):
+    "max(S)·s = max(S·s) holds only for s > 0: zero and negative scales take the plain path and stay exact."
+    q, k, v = (randn(1, 2, 40, 32) for _ in range(3))
+    check_path(q, k, v, False, use_tma, scale=scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_tma", [True, False], ids=["descriptors", "pointers"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_both_tile_sources_with_every_candidate(use_tma, causal, dtype):
+    "Every autotune candidate through both paths, on a ragged GQA shape (1000 rows: partial blocks and tiles)."
+    if interpreting(): pytest.skip("the GPU's compiled code is what this tests")
+    if use_tma and not fwd._has_tma(torch.device("cuda")): pytest.skip("this GPU has no TMA")
+    q, k, v = randn(2, 8, 1000, 128, dtype=dtype), randn(2, 4, 1000, 128, dtype=dtype), randn(2, 4, 1000, 128, dtype=dtype)
+    for config in _gpu_configs():
+        try: check_path(q, k, v, causal, use_tma, config=config)
+        except AssertionError as e: raise AssertionError(f"config {_shape(config)}: {e}") from e
