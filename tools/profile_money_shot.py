@@ -6,6 +6,7 @@
       --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
       python3 tools/profile_money_shot.py run --sass sass.json > ncu_raw.csv   # one profiled launch of ours and of SDPA-FA2
   python3 tools/profile_money_shot.py extract ncu_raw.csv --sass sass.json --commit SHA  # → results/ncu.csv
+  (extracting elsewhere: add --meta-from results/raw.csv, the sweep of the same device call, for GPU, versions, date)
 
 On Hopper the "hmma" tensor pipe counts warpgroup MMAs (HGMMA) as well as mma.sync (HMMA): it is the tensor pipe's
 activity. Which instruction a kernel uses is read from its SASS: `run --sass` disassembles the one compiled kernel of the
@@ -29,7 +30,12 @@ KEEP = {  # ncu "Metric Name" → our column name
 }
 
 
-def meta(commit):
+def meta(commit, from_csv=None):
+    """GPU, versions, commit and date of this run. Off the GPU machine (extracting a copied ncu CSV), they are read from
+    `from_csv` instead: a results CSV written in the same device call (its first row of `commit`)."""
+    if from_csv:
+        row = next(r for r in csv.DictReader(open(from_csv)) if r["commit"] == commit)
+        return dict(gpu=row["gpu"], torch=row["torch"], triton=row["triton"], commit=commit, date=row["date"])
     return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=commit,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
 
@@ -72,7 +78,7 @@ def run(sass_out=None):
         print("SASS:", counts, file=sys.stderr)
 
 
-def extract(raw, sass, commit, out):
+def extract(raw, sass, commit, out, meta_from=None):
     text = pathlib.Path(raw).read_text()
     lines = [l for l in text.splitlines() if l.startswith('"')]       # ncu prints its own lines before the CSV
     rows = {}
@@ -80,7 +86,7 @@ def extract(raw, sass, commit, out):
         name = r["Kernel Name"]
         provider = "triton_fa2" if "_attn_fwd" in name else ("sdpa_flash" if "flash" in name else name[:40])
         key = KEEP.get(r["Metric Name"])
-        if key: rows.setdefault(provider, dict(provider=provider, kernel=name[:80], **meta(commit)))[key] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
+        if key: rows.setdefault(provider, dict(provider=provider, kernel=name[:80], **meta(commit, meta_from)))[key] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
     if sass and "triton_fa2" in rows: rows["triton_fa2"].update(json.loads(pathlib.Path(sass).read_text()))
     write(list(rows.values()), out)
 
@@ -101,7 +107,8 @@ if __name__ == "__main__":
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--sass", default=None, help="JSON of the SASS counts (run writes it, extract reads it)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--meta-from", default=None, help="extract off the GPU machine: GPU, versions and date from this CSV's row of --commit")
     a = ap.parse_args()
     if a.what == "ceilings": ceilings(a.commit, a.out or "results/ceilings.csv")
     elif a.what == "run": run(a.sass)
-    else: extract(a.raw, a.sass, a.commit, a.out or "results/ncu.csv")
+    else: extract(a.raw, a.sass, a.commit, a.out or "results/ncu.csv", a.meta_from)
