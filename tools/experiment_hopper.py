@@ -20,7 +20,7 @@ GPU = torch.cuda.is_available()      # without one: a smoke test of this script 
 SHAPES = [  # (B, H, N, D, causal, dtype): the money shot, its non-causal twin, a long causal one, head dim 64, fp16
     (8, 32, 2048, 128, True, "bf16"), (8, 32, 2048, 128, False, "bf16"), (1, 32, 16384, 128, True, "bf16"),
     (8, 32, 2048, 64, True, "bf16"), (8, 32, 2048, 128, True, "fp16")]
-VARIANTS = [{"use_tma": True}, {"use_tma": False}]
+PATHS = [{"use_tma": True}, {"use_tma": False}]   # tensor descriptors, pointers
 EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (128, 64, 8, 4), (64, 64, 4, 4),
          (128, 32, 4, 4), (64, 64, 4, 2)]   # beyond the autotuner's candidates
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -61,7 +61,7 @@ def precompile(shapes, variants, workers):
 def main(out, seconds, commit, workers=0, shapes=None, variants=None):
     start = time.time()
     shapes = (shapes or SHAPES) if GPU else [(1, 2, 40, 32, True, "bf16"), (1, 2, 40, 32, False, "fp16")]
-    variants = variants or VARIANTS
+    variants = variants or PATHS
     if GPU and workers: precompile(shapes, variants, workers)
     configs = _configs()
     meta = dict(gpu=torch.cuda.get_device_name() if GPU else "cpu (interpreter)", torch=torch.__version__, triton=triton.__version__, commit=commit,
