@@ -391,3 +391,86 @@ def test_gpu_offsets_past_2_31_elements():
         o_ref = attention_ref(q[:, :, h:h+1].transpose(1, 2), k[:, :, h:h+1].transpose(1, 2), v[:, :, h:h+1].transpose(1, 2), causal=True)[0]
         max_abs, rel = errors(out[:, :, h:h+1].transpose(1, 2), o_ref.double())
         assert max_abs <= TOL[torch.float16][0] and rel <= TOL[torch.float16][1], (h, max_abs, rel)
+
+
+def test_plain_eager_calls_skip_the_dispatcher_and_everything_else_sees_the_operator():
+    "`_plain_eager` decides whether the public functions call the operator; modes, subclasses and profiles must see it."
+    from torch.utils.flop_counter import FlopCounterMode
+    q, k, v = randn(1, 2, 20, 32), randn(1, 2, 20, 32), randn(1, 2, 20, 32)
+    assert fwd._plain_eager(q, k, v)
+    assert not fwd._plain_eager(q, k, torch.nn.Parameter(v, requires_grad=False))   # a tensor subclass
+    with torch.device(DEVICE): assert not fwd._plain_eager(q, k, v)                  # a TorchFunctionMode
+    with FlopCounterMode(display=False): assert not fwd._plain_eager(q, k, v)       # a TorchDispatchMode
+    with torch.profiler.profile(): assert not fwd._plain_eager(q, k, v)
+    o = attention(q, k, v, causal=True)
+    with FlopCounterMode(display=False): o_mode = attention(q, k, v, causal=True)   # through the operator
+    assert torch.equal(o, o_mode)
+    assert not fwd._fast_launch_possible(q) or q.is_cuda                             # saved launches: GPUs only
+
+
+# Saved launches (`_Launch`): each case names the path it exercises; every case is called three times with fresh
+# inputs, so that calls 2 and 3 run through the plan built after call 2's launch by Triton, into NaN-poisoned outputs.
+SAVED_LAUNCH_CASES = [
+    ((2, 8, 8, 1000, 1000, 128), True, "bhld"),     # tensor descriptors, causal, ragged length
+    ((2, 8, 8, 300, 700, 64), False, "bhld"),       # tensor descriptors, Lq < Lk, non-causal
+    ((1, 8, 2, 512, 513, 128), True, "blhd"),       # flash-attn layout views, GQA 4:1 unpacked, Lk = Lq + 1
+    ((1, 8, 2, 1, 4099, 128), True, "bhld"),        # packed GQA rows: pointers
+    ((2, 4, 4, 257, 257, 80), True, "offset"),      # q starts 2 bytes past 16-byte alignment: pointers; D = 80
+]
+
+
+def one_candidate(monkeypatch):
+    "Fresh plans and tuning state, and one candidate: these tests check the launch path, not the tuning (one compile each)."
+    monkeypatch.setattr(fwd, "_PLANS", {}); monkeypatch.setattr(fwd, "_TUNED", {})   # call 1 is the autotuner's again
+    one = fwd.triton.Config(dict(BLOCK_M=64, BLOCK_N=64), num_warps=4, num_stages=3, pre_hook=fwd._set_descriptor_blocks)
+    monkeypatch.setattr(fwd._attn_fwd_tuned, "configs", [one])
+    monkeypatch.setattr(fwd._attn_fwd_tuned, "cache", {})
+
+
+def _saved_launch_inputs(shape, layout, dtype):
+    B, Hq, Hkv, Lq, Lk, D = shape
+    if layout == "blhd":
+        return (randn(B, Lq, Hq, D, dtype=dtype).transpose(1, 2), randn(B, Lk, Hkv, D, dtype=dtype).transpose(1, 2),
+                randn(B, Lk, Hkv, D, dtype=dtype).transpose(1, 2))
+    q = randn(B * Hq * Lq * D + 1, dtype=dtype)[1:].view(B, Hq, Lq, D) if layout == "offset" else randn(B, Hq, Lq, D, dtype=dtype)
+    return q, randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, causal, layout", SAVED_LAUNCH_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_saved_launches(shape, causal, layout, dtype, monkeypatch):
+    one_candidate(monkeypatch)
+    calls = []
+    original = fwd._Launch.__call__
+    monkeypatch.setattr(fwd._Launch, "__call__", lambda self, *a: (calls.append(self.use_tma), original(self, *a)))
+    for _ in range(3):
+        q, k, v = _saved_launch_inputs(shape, layout, dtype)
+        check(q, k, v, causal)                           # _attention_forward into poisoned buffers, then attention()
+    # call 1 autotunes, call 2 is Triton's launch of the pick (the plan is saved), calls 3–6 go through the plan
+    assert len(calls) == 4, calls
+    assert all(calls) == (layout in ("bhld", "blhd") and fwd._has_tma(q.device) and not fwd._should_pack_gqa(shape[3], shape[1] // shape[2]))
+
+
+@pytest.mark.gpu
+def test_gpu_saved_launch_reuses_addresses_streams_and_graphs(monkeypatch):
+    "A tensor map cached for an address must see new data there; other streams and CUDA graphs must get the launch."
+    one_candidate(monkeypatch)
+    q, k, v = (randn(2, 8, 512, 128, dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(3): attention(q, k, v, causal=True)  # the plan and q/k/v's maps exist now
+    for t in (q, k, v): t.copy_(torch.randn_like(t))   # same addresses, new data
+    o = attention(q, k, v, causal=True)
+    o_ref = attention_ref(q, k, v, causal=True, upcast=torch.float64)[0]
+    assert errors(o, o_ref)[0] <= TOL[torch.bfloat16][0]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        o_side = attention(q, k, v, causal=True)
+    stream.synchronize()
+    assert torch.equal(o_side, o)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph): o_graph = attention(q, k, v, causal=True)
+    for t in (q, k, v): t.copy_(torch.randn_like(t))
+    graph.replay(); torch.cuda.synchronize()
+    o_ref = attention_ref(q, k, v, causal=True, upcast=torch.float64)[0]
+    assert errors(o_graph, o_ref)[0] <= TOL[torch.bfloat16][0]

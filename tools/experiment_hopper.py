@@ -21,6 +21,17 @@ SHAPES = [  # (B, H, N, D, causal, dtype): the money shot, its non-causal twin, 
     (8, 32, 2048, 128, True, "bf16"), (8, 32, 2048, 128, False, "bf16"), (1, 32, 16384, 128, True, "bf16"),
     (8, 32, 2048, 64, True, "bf16"), (8, 32, 2048, 128, True, "fp16")]
 PATHS = [{"use_tma": True}, {"use_tma": False}]   # tensor descriptors, pointers
+
+
+def variant_of(name):
+    "'descriptors' or 'pointers', optionally '+lazy' (the lazy rescale): keyword arguments of _attention_forward."
+    path, *flags = name.split("+")
+    assert path in ("descriptors", "pointers") and set(flags) <= {"lazy"}, name
+    return {"use_tma": path == "descriptors", **({"lazy_rescale": True} if "lazy" in flags else {})}
+
+
+def name_of(variant):
+    return ("descriptors" if variant["use_tma"] else "pointers") + ("+lazy" if variant.get("lazy_rescale") else "")
 EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (128, 64, 8, 4), (64, 64, 4, 4),
          (128, 32, 4, 4), (64, 64, 4, 2)]   # beyond the autotuner's candidates
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -79,7 +90,7 @@ def main(out, seconds, commit, workers=0, shapes=None, variants=None):
         o, lse = torch.empty_like(q), torch.empty(B, H, N, device=device)
         for config in configs:
             if time.time() - start > seconds: print("stopped at the time limit"); f.close(); return rows
-            row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=dtype, variant="descriptors" if variant["use_tma"] else "pointers",
+            row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=dtype, variant=name_of(variant),
                        config="{}x{} w{} s{}".format(*_shape(config)), ms="", tflops="", max_err="", error="", **meta)
             run = lambda: _attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, pack_gqa=False, **variant)
             try:
@@ -111,9 +122,9 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="hopper_variants.csv"); ap.add_argument("--seconds", type=float, default=480)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--workers", type=int, default=0, help="processes that compile every launch before timing (GPU)")
-    ap.add_argument("--paths", default="descriptors,pointers", help="tile sources to measure")
+    ap.add_argument("--paths", default="descriptors,pointers", help="tile sources to measure, each optionally +lazy")
     ap.add_argument("--shapes", default="", help="indices into SHAPES, e.g. 0,1; default: all")
     a = ap.parse_args()
-    variants = [{"use_tma": p == "descriptors"} for p in a.paths.split(",")]
+    variants = [variant_of(p) for p in a.paths.split(",")]
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else None
     main(a.out, a.seconds, a.commit, a.workers, shapes, variants)

@@ -11,6 +11,7 @@ __all__ = ['LOG2E', 'TUNED_HEAD_DIMS', 'MAX_HEAD_DIM', 'attention', 'flash_attn_
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
+import inspect
 import math
 import numbers
 import numpy as np
@@ -18,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 from .naive import _check_ref_inputs
+try: from triton import knobs as _knobs                              # launch hooks (profilers), see `_Launch`
+except ImportError: _knobs = None
 try: from triton.tools.tensor_descriptor import TensorDescriptor   # Hopper's TMA, from the host
 except ImportError: TensorDescriptor = None                          # a Triton without it: pointer loads only
 
@@ -82,15 +85,25 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
                     kv_z=0, kv_h=0,                        # with USE_TMA: the batch and KV head the descriptors are read at
-                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False):
+                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if USE_TMA: k = k_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else: qk = tl.dot(q, tl.trans(k))
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE)
-        acc = acc * alpha[:, None]
+        if LAZY_RESCALE and FOLD_SCALE and not MASKED:   # keep a stale max until some row's grows by more than 2^8
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            if tl.max(m_new - m_i, 0) > 8.0:             # one decision for the whole block: no divergence
+                alpha = tl.math.exp2(m_i - m_new)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.math.exp2(qk * qk_scale - m_i[:, None])   # ≤ 2^8: exact in float32, and in P's 16 bits
+            l_i = l_i + tl.sum(p, 1)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE)
+            acc = acc * alpha[:, None]
         if USE_TMA: v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: v = _load_rows(v_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         p = p.to(v.dtype)                                    # the tensor cores take P in the input dtype
@@ -141,7 +154,8 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
               tune_rows, tune_seqlen_k,                 # only for the autotuner's key
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PACK_GQA: tl.constexpr,
               DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr):   # with USE_TMA, Q, K, V, O are tensor descriptors
+              USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,     # with USE_TMA, Q, K, V, O are tensor descriptors
+              LAZY_RESCALE: tl.constexpr):
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(not (USE_TMA and PACK_GQA))
     pid = tl.program_id(0)
@@ -187,14 +201,14 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     0, full_end, seqlen_k, diag_offset, qk_scale,
                                     False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
-                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE)
+                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE, LAZY_RESCALE)
     if not USE_TMA:
         k_ptrs += full_end.to(tl.int64) * stride_kn
         v_ptrs += full_end.to(tl.int64) * stride_vn
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     full_end, end, seqlen_k, diag_offset, qk_scale,
                                     True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
-                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE)
+                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE, LAZY_RESCALE)
 
     o, lse = _normalize_rows(acc, l_i, m_i)
     if USE_TMA:                                         # the descriptor clips rows past Lq and columns past D
@@ -255,7 +269,7 @@ def _bench_candidate(fn, quantiles):
 
 _attn_fwd_tuned = triton.autotune(
     configs=[_INTERPRETER_CONFIG] if interpreting() else _gpu_configs(),
-    key=["HEAD_DIM", "CAUSAL", "PACK_GQA", "tune_rows", "tune_seqlen_k", "USE_TMA", "FOLD_SCALE"],
+    key=["HEAD_DIM", "CAUSAL", "PACK_GQA", "tune_rows", "tune_seqlen_k", "USE_TMA", "FOLD_SCALE", "LAZY_RESCALE"],
     prune_configs_by=dict(early_config_prune=_prune_configs), do_bench=_bench_candidate)(_attn_fwd)
 
 def _bucket(n:int, lo:int, hi:int) -> int:
@@ -339,22 +353,31 @@ def _has_tma(device:torch.device) -> bool:
     if device.type == "cpu": return interpreting()
     return torch.cuda.get_device_capability(device)[0] >= 9
 
+_LAZY_RESCALE = False   # issue 6's experiment: skip the rescale of acc while no row's max grows by more than 2^8
 _TUNED = {}   # our autotune key → the config the autotuner chose for it, launched directly on later calls
 
 def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.Config=None, pack_gqa:bool=None,
-                       use_tma:bool=None) -> triton.Config:
+                       use_tma:bool=None, lazy_rescale:bool=None) -> triton.Config:
     """Launch on (B, H, L, D) views with any strides (last dim contiguous) into preallocated o (B, Hq, Lq, D) and
     lse (B, Hq, Lq); returns the config launched. `config` bypasses the autotuner (tests run every candidate through
-    it); `pack_gqa` and `use_tma` left at None are decided here, and the tests force both ways."""
+    it); `pack_gqa`, `use_tma` and `lazy_rescale` left at None are decided here, and the tests force both ways."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq * Lq == 0: return config
+    plan_key = None
+    if config is None and pack_gqa is None and use_tma is None and lazy_rescale is None and _fast_launch_possible(q):
+        plan_key = _plan_key(q, k, v, o, lse, causal, scale)
+        plan = _PLANS.get(plan_key)
+        if plan:                                        # launched before with this key: straight to Triton's C launcher
+            plan(q, k, v, o, lse, scale)
+            return plan.config
     assert lse.is_contiguous() and lse.shape == (B, Hq, Lq) and o.shape == q.shape
     pack = _should_pack_gqa(Lq, Hq // Hkv) if pack_gqa is None else pack_gqa
     fits = not pack and _descriptors_fit(q, k, v, o)
     if use_tma is None: use_tma = fits and _has_tma(q.device)
     elif use_tma and not fits: raise ValueError("use_tma needs unpacked rows and 16-byte aligned (B, H, L, D) views")
     fold_scale = scale > 0                              # max(S)·s = max(S·s) only for s > 0
+    if lazy_rescale is None: lazy_rescale = _LAZY_RESCALE
     strides, dtype, dot_fp32 = [t.stride()[:3] for t in (q, k, v, o)], q.dtype, _dot_in_fp32(q.dtype)
     if use_tma: q, k, v, o = (_descriptor(t) for t in (q, k, v, o))
     rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack else (Lq, Hq)
@@ -363,20 +386,92 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
     tune_rows, tune_seqlen_k = _bucket(triton.cdiv(B * Hq * Lq, 128), 1, 1024), _bucket(Lk, 16, 8192)
     key = None
     if config is None:
-        key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, str(dtype), str(lse.device))
+        key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, lazy_rescale, str(dtype), str(lse.device))
         config = _TUNED.get(key)
     kernel, meta = (_attn_fwd_tuned, {}) if config is None else \
         (_attn_fwd, dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages))
     if config is not None: _set_descriptor_blocks(dict(Q=q, K=k, V=v, O=o, BLOCK_D=block_d, **config.kwargs))
+    args = [q, k, v, o, lse, *strides[0], *strides[1], *strides[2], *strides[3],
+            Hq, Hq // Hkv, Lq, Lk, scale * LOG2E, tune_rows, tune_seqlen_k]
+    constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, PACK_GQA=pack, DOT_FP32=dot_fp32, USE_TMA=use_tma,
+                     FOLD_SCALE=fold_scale, LAZY_RESCALE=lazy_rescale)
     with torch.cuda.device(lse.device) if lse.is_cuda else contextlib.nullcontext():
-        kernel[grid](
-            q, k, v, o, lse, *strides[0], *strides[1], *strides[2], *strides[3],
-            Hq, Hq // Hkv, Lq, Lk, scale * LOG2E,
-            tune_rows, tune_seqlen_k,
-            HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, PACK_GQA=pack,
-            DOT_FP32=dot_fp32, USE_TMA=use_tma, FOLD_SCALE=fold_scale, **meta)
+        compiled = kernel[grid](*args, **constants, **meta)
     if config is None: config = _TUNED[key] = _attn_fwd_tuned.best_config
+    elif plan_key is not None and compiled is not None:  # the autotuner's pick, launched by Triton: keep what it did
+        named = dict(constants, **config.kwargs)
+        _save_plan(plan_key, compiled, grid(config.kwargs)[0], args + [named[n] for n in _ATTN_FWD_ARGS[len(args):]], config)
     return config
+
+# %% ../nbs/03_triton_forward.ipynb #170c6a4c
+_FAST_LAUNCH_TRITON = ("3.6",)   # the Triton releases whose launcher internals `_Launch` was written and tested against
+_ATTN_FWD_ARGS = list(inspect.signature(_attn_fwd.fn).parameters)
+_PLANS = {}                      # `_plan_key` → a `_Launch`, or False where none could be built
+_MAX_PLANS, _MAX_TENSOR_MAPS = 4096, 64
+
+def _plan_key(q, k, v, o, lse, causal:bool, scale:float) -> tuple:
+    "Everything Triton specialises a launch on, except the data pointers themselves (only their 16-byte alignment)."
+    return (q.shape, k.shape, o.shape, q.stride(), k.stride(), v.stride(), o.stride(), lse.stride(), q.dtype, q.device,
+            causal, scale > 0, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0,
+            o.data_ptr() % 16 == 0, lse.data_ptr() % 16 == 0)
+
+def _fast_launch_possible(q) -> bool:
+    "Whether a saved `_Launch` may run this call: a GPU, the Triton it was checked with, no launch hooks, the current device."
+    return (q.is_cuda and triton.__version__.startswith(_FAST_LAUNCH_TRITON) and _knobs is not None
+            and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None
+            and q.device.index == torch.cuda.current_device())
+
+class _Launch:
+    """A launch of a compiled kernel with new tensors, through Triton's C launcher alone. Built from a launch Triton made:
+    `kernel`, its compiled kernel; `args`, every argument of `_attn_fwd` in order. Valid for calls with the same `_plan_key`."""
+    def __init__(self, kernel, grid:int, args:list, config:triton.Config):
+        launcher = kernel.run
+        if launcher.global_scratch_size or launcher.profile_scratch_size: raise ValueError("the kernel needs scratch memory")
+        raw = launcher.launch
+        descriptors = [i for i, a in enumerate(args) if TensorDescriptor is not None and isinstance(a, TensorDescriptor)]
+        self.use_tma = bool(descriptors)
+        if self.use_tma:   # Triton wraps its C launcher in a Python function that encodes every descriptor per launch
+            from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+            cells = dict(zip(raw.__code__.co_freevars, raw.__closure__ or ()))
+            meta = getattr(kernel.metadata, "tensordesc_meta", None)
+            if descriptors != [0, 1, 2, 3] or "launcher" not in cells or not meta or len(meta) != 4 or any(m["fp4_padded"] for m in meta):
+                raise ValueError("a launcher this code does not know")
+            raw = cells["launcher"].cell_contents
+            self.encode = triton.runtime.driver.active.utils.fill_tma_descriptor
+            self.encodings = [(m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"],
+                               list(args[i].shape), list(args[i].strides), int(args[i].padding == "nan"))
+                              for i, m in zip(descriptors, meta)]
+            self.tails = [(*args[i].shape, *args[i].strides) for i in descriptors]   # each map is followed by its shape, strides
+            self.tensor_maps = {}                                                    # (operand, data pointer) → encoded map
+        self.raw, self.config, self.device = raw, config, args[4].device.index
+        self.grid = (grid, 1, 1)
+        self.fixed = (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,  # scratch: none
+                      kernel.packed_metadata, None, None, None)                                          # no hooks
+        scale_at = _ATTN_FWD_ARGS.index("qk_scale")
+        self.before_scale, self.after_scale = tuple(args[5:scale_at]), tuple(args[scale_at + 1:])
+        self.stream = triton.runtime.driver.active.get_current_stream
+
+    def _tensor_map(self, operand:int, t):
+        ptr = t.data_ptr()
+        m = self.tensor_maps.get((operand, ptr))
+        if m is None:
+            if len(self.tensor_maps) >= _MAX_TENSOR_MAPS: self.tensor_maps.clear()
+            m = self.tensor_maps[(operand, ptr)] = self.encode(ptr, *self.encodings[operand])
+        return m
+
+    def __call__(self, q, k, v, o, lse, scale:float):
+        if self.use_tma:
+            tensors = []
+            for i, t in enumerate((q, k, v, o)): tensors += [self._tensor_map(i, t), *self.tails[i]]
+        else: tensors = (q, k, v, o)
+        self.raw(*self.grid, self.stream(self.device), *self.fixed, *tensors, lse, *self.before_scale, scale * LOG2E,
+                 *self.after_scale)
+
+def _save_plan(plan_key:tuple, kernel, grid:int, args:list, config:triton.Config):
+    "Keep a `_Launch` for this key, or False where Triton's launcher is not what `_Launch` expects (never retried)."
+    if len(_PLANS) >= _MAX_PLANS: _PLANS.clear()
+    try: _PLANS[plan_key] = _Launch(kernel, grid, args, config)
+    except (AttributeError, KeyError, TypeError, ValueError, ImportError): _PLANS[plan_key] = False
 
 # %% ../nbs/03_triton_forward.ipynb #ce6e8601
 # A notebook runs this cell in its own process, perhaps after the package was imported there: its copy gets another
@@ -407,6 +502,17 @@ def _attention_fake(q, k, v, causal, scale, flash_layout):
 _attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool flash_layout) -> (Tensor, Tensor)",
                                  _attention_impl, _attention_fake)
 
+def _plain_eager(*tensors) -> bool:
+    "No tracing, mode, tensor subclass or profiler: nothing that needs to see the operator rather than what it runs."
+    return (not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in tensors)
+            and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._autograd._profiler_enabled())   # profiles name the operator
+
+def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool):
+    "`triton_fa2::attention`; in plain eager calls, its implementation directly (the dispatcher's round trip saved)."
+    if _plain_eager(q, k, v): return _attention_impl(q, k, v, causal, scale, flash_layout)
+    return _attention_op(q, k, v, causal, scale, flash_layout)
+
 # %% ../nbs/03_triton_forward.ipynb #e82a902c
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               k:torch.Tensor,         # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
@@ -418,7 +524,7 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
              ):                       # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32, natural log)
     "FlashAttention-2 forward in Triton: softmax(q kᵀ · scale) v, with GQA/MQA, for any strides whose last dim is contiguous."
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
-    o, lse = _attention_op(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False)
+    o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False)
     return (o, lse) if return_lse else o
 
 # %% ../nbs/03_triton_forward.ipynb #fc8594b1
@@ -442,7 +548,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 o
     _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))            # (B, H, L, D) views of the same memory
     D = q.shape[-1]
-    out, lse = _attention_op(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True)
+    out, lse = _run_attention(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True)
     return (out, lse, None) if return_attn_probs else out
 
 # %% ../nbs/03_triton_forward.ipynb #ca017f0b

@@ -9,7 +9,7 @@ __all__ = ['padding_mask', 'attention_forward', 'register']
 
 # %% ../nbs/10_integration.ipynb #5a34494f
 import torch
-from .forward import _attention_op, _check_inputs, _define_operator
+from .forward import _attention_op, _check_inputs, _define_operator, _run_attention
 from .split_kv import decode
 
 # %% ../nbs/10_integration.ipynb #80776a62
@@ -69,7 +69,7 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
         if not causal or Lq != Lk:                     # padded keys never read; with a cache, every length is Lk
             out = decode(query, key, value, cache_seqlens=lengths, causal=causal, scale=scale)
             return out.transpose(1, 2).contiguous(), None
-    out, _ = _attention_op(query, key, value, causal, scale, True)    # (B, Lq, Hq, D), contiguous
+    out, _ = _run_attention(query, key, value, causal, scale, True)    # (B, Lq, Hq, D), contiguous
     return out, None
 
 def register(name:str="triton_fa2"): # the name to pass as attn_implementation
