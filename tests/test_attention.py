@@ -408,6 +408,18 @@ def test_plain_eager_calls_skip_the_dispatcher_and_everything_else_sees_the_oper
     assert not fwd._fast_launch_possible(q) or q.is_cuda                             # saved launches: GPUs only
 
 
+def test_saved_launches_step_aside_for_launch_hooks():
+    "A profiler's launch hook (Triton 3.6 keeps them in a HookChain) must see every launch: Triton's own path then."
+    from triton import knobs
+    hooks = knobs.runtime.launch_enter_hook
+    assert fwd._no_hook(hooks) and fwd._no_hook(None)
+    hook = lambda metadata: None
+    hooks.add(hook)
+    try: assert not fwd._no_hook(hooks)
+    finally: hooks.remove(hook)
+    assert fwd._no_hook(hooks)
+
+
 # Saved launches (`_Launch`): each case names the path it exercises; every case is called three times with fresh
 # inputs, so that calls 2 and 3 run through the plan built after call 2's launch by Triton, into NaN-poisoned outputs.
 SAVED_LAUNCH_CASES = [

@@ -418,8 +418,12 @@ def _plan_key(q, k, v, o, lse, causal:bool, scale:float) -> tuple:
 def _fast_launch_possible(q) -> bool:
     "Whether a saved `_Launch` may run this call: a GPU, the Triton it was checked with, no launch hooks, the current device."
     return (q.is_cuda and triton.__version__.startswith(_FAST_LAUNCH_TRITON) and _knobs is not None
-            and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None
+            and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook)
             and q.device.index == torch.cuda.current_device())
+
+def _no_hook(hook) -> bool:
+    "Triton 3.6 keeps launch hooks in a `HookChain`, empty unless a profiler added one (older releases: None)."
+    return hook is None or getattr(hook, "calls", None) == []
 
 class _Launch:
     """A launch of a compiled kernel with new tensors, through Triton's C launcher alone. Built from a launch Triton made:
