@@ -4,8 +4,8 @@ config per (shape, path) and writes every row.
 
     PYTHONPATH=. python3 tools/experiment_hopper.py --out $OUT/hopper_paths.csv --seconds 300 --commit SHA --workers 15
 
-The variants measured during issue 6 (folded scale, longest-first, warp specialisation, the overlapped S) were flags of
-the kernel at commits 9bd1e35 and 3933cb5, run by this script as it was then; results/issue6/ keeps their CSVs and
+The variants measured during issue 6 (folded scale, longest-first, warp specialisation, the overlapped S, the lazy
+rescale) were flags of the kernel at commits 9bd1e35, 3933cb5 and 89852d3 (`--paths descriptors,descriptors+lazy`), run by this script as it was then; results/issue6/ keeps their CSVs and
 notes/performance.md their predictions and outcomes."""
 import argparse, csv, datetime, itertools, time
 import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
@@ -24,14 +24,13 @@ PATHS = [{"use_tma": True}, {"use_tma": False}]   # tensor descriptors, pointers
 
 
 def variant_of(name):
-    "'descriptors' or 'pointers', optionally '+lazy' (the lazy rescale): keyword arguments of _attention_forward."
-    path, *flags = name.split("+")
-    assert path in ("descriptors", "pointers") and set(flags) <= {"lazy"}, name
-    return {"use_tma": path == "descriptors", **({"lazy_rescale": True} if "lazy" in flags else {})}
+    "'descriptors' or 'pointers': keyword arguments of _attention_forward."
+    assert name in ("descriptors", "pointers"), name
+    return {"use_tma": name == "descriptors"}
 
 
 def name_of(variant):
-    return ("descriptors" if variant["use_tma"] else "pointers") + ("+lazy" if variant.get("lazy_rescale") else "")
+    return "descriptors" if variant["use_tma"] else "pointers"
 EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (128, 64, 8, 4), (64, 64, 4, 4),
          (128, 32, 4, 4), (64, 64, 4, 2)]   # beyond the autotuner's candidates
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -122,7 +121,7 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="hopper_variants.csv"); ap.add_argument("--seconds", type=float, default=480)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--workers", type=int, default=0, help="processes that compile every launch before timing (GPU)")
-    ap.add_argument("--paths", default="descriptors,pointers", help="tile sources to measure, each optionally +lazy")
+    ap.add_argument("--paths", default="descriptors,pointers", help="tile sources to measure")
     ap.add_argument("--shapes", default="", help="indices into SHAPES, e.g. 0,1; default: all")
     a = ap.parse_args()
     variants = [variant_of(p) for p in a.paths.split(",")]
