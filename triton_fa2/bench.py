@@ -237,6 +237,9 @@ def measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None
     fn(q, k, v); torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - before) / 2**20
     ms = _time(fn, input_sets)
+    err = max(err, sampled_error(w, fn(q, k, v), q, k, v, refs))   # the timed calls' path too (e.g. a saved launch)
+    if not err <= MAX_ERROR:
+        return _row(w, provider, meta, max_err=f"{err:.2e}", skip_reason=f"wrong result after timing: max error {err:.2e} > {MAX_ERROR}")
     ms_graph = ""
     if w.op == "decode" or ms < GRAPH_BELOW_MS:              # short calls: is it the kernel or the host's launch path?
         try: ms_graph = f"{_time_graph(fn, input_sets):.4f}"
