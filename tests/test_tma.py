@@ -109,7 +109,21 @@ def test_close_autotune_timings_are_confirmed(monkeypatch):
     timings = {a: [1.00, 0.9, 1.1], b: [1.02, 0.9, 1.1], c: [1.04, 0.9, 1.1], d: [1.30, 1.2, 1.4]}  # d: 30% slower
     true_ms = {a: 1.03, b: 0.97, c: 1.01, d: 0.5}
     ran = []
-    monkeypatch.setattr(fwd.triton.testing, "do_bench", lambda fn, warmup, rep: (fn(), true_ms[ran[-1]])[1])
+    monkeypatch.setattr(fwd.triton.testing, "do_bench_cudagraph", lambda fn, rep: (fn(), true_ms[ran[-1]])[1])
     assert fwd._confirm_pick(timings, ran.append) is b
     assert set(ran) == {a, b, c} and ran[:3] == [a, b, c]            # alternating, never the far one
     assert fwd._confirm_pick({a: [1.0], d: [1.3]}, ran.append) is a   # nothing close: the autotuner's pick, untimed
+
+
+def test_the_autotuner_keys_on_the_dtype():
+    "Triton adds tensors' dtypes to the key, but descriptors have none: fp16 and bf16 would share one pick without tune_dtype."
+    assert "tune_dtype" in fwd._attn_fwd_tuned.keys and "tune_dtype" in fwd._ATTN_FWD_ARGS
+
+
+@pytest.mark.gpu
+def test_gpu_each_dtype_is_tuned(monkeypatch):
+    "fp16 and bf16 of one shape are two autotuner entries, each timed (and confirmed) on its own."
+    monkeypatch.setattr(fwd._attn_fwd_tuned, "cache", {}); monkeypatch.setattr(fwd, "_TUNED", {})
+    for dtype in (torch.float16, torch.bfloat16):
+        fwd.warmup(*(randn(1, 4, 300, 64, dtype=dtype) for _ in range(3)), causal=True)
+    assert len(fwd._attn_fwd_tuned.cache) == 2 and len(fwd._TUNED) == 2
