@@ -265,3 +265,14 @@ def test_gpu_cuda_graph_replay_with_growing_lengths():
         q.copy_(randn(B, Hq, 1, D, dtype=torch.bfloat16))
         graph.replay()
         assert torch.equal(o_graph, decode(q, k, v, cache_seqlens=seqlens)), step
+
+
+def test_plain_eager_decode_equals_the_operator():
+    "A plain eager call runs the operator's implementation directly; under a dispatch mode the operator runs: same bits."
+    from torch.utils.flop_counter import FlopCounterMode
+    q = torch.randn(2, 4, 1, 32, device=DEVICE).half()
+    k, v = (torch.randn(2, 2, 70, 32, device=DEVICE).half() for _ in range(2))
+    seqlens = torch.tensor([70, 33], dtype=torch.int32, device=DEVICE)
+    o = decode(q, k, v, cache_seqlens=seqlens, num_splits=3)
+    with FlopCounterMode(display=False): o_op = decode(q, k, v, cache_seqlens=seqlens, num_splits=3)
+    assert torch.equal(o, o_op)

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _define_operator, _dot_in_fp32,
+from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _define_operator, _dot_in_fp32, _plain_eager,
                                 _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _q_block_rows, _smem_bytes)
 
 # %% ../nbs/06_split_kv_decode.ipynb #994421ff
@@ -272,5 +272,6 @@ def decode(q:torch.Tensor,                   # (B, Hq, Lq, D) queries of the new
     B, Hq, Hkv, Lq, Lmax, D = _check_inputs(q, k_cache, v_cache, causal, scale)
     seqlens = _check_seqlens(cache_seqlens, B, Lmax, q.device)
     num_splits = _check_num_splits(num_splits) or _choose_num_splits(B, Hkv, (Hq // Hkv) * Lq, Lmax, q.device)
-    o, lse = _decode_op(q, k_cache, v_cache, seqlens, causal, D ** -0.5 if scale is None else float(scale), num_splits)
+    run = _decode_impl if _plain_eager(q, k_cache, v_cache, *([] if seqlens is None else [seqlens])) else _decode_op
+    o, lse = run(q, k_cache, v_cache, seqlens, causal, D ** -0.5 if scale is None else float(scale), num_splits)
     return (o, lse) if return_lse else o
