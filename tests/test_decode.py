@@ -234,8 +234,9 @@ def test_gpu_decode_shapes(B, Hq, Hkv, Lmax, D, Lq, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_every_decode_candidate():
-    "Whichever decode config the autotuner picks must be right."
+@pytest.mark.parametrize("num_splits", [1, 5])   # 1: the kernel writes o in q's dtype and lse itself; 5: fp32 partials
+def test_gpu_every_decode_candidate(num_splits):
+    "Whichever decode config the autotuner picks must be right, with and without splits."
     seqlens = torch.tensor([1, 777, 3000], device="cuda", dtype=torch.int32)
     for n, w, s in dec._DECODE_CANDIDATES:
         config = dec.triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s)
@@ -243,7 +244,7 @@ def test_gpu_every_decode_candidate():
             if dec._smem_bytes(dec._decode_block_m(4 * Lq), n, D, s) > dec._max_smem(0): continue
             q = randn(3, 8, Lq, D, dtype=torch.bfloat16)
             k, v = nan_cache(3, 2, 3000, D, seqlens, torch.bfloat16), nan_cache(3, 2, 3000, D, seqlens, torch.bfloat16)
-            o, lse = run(q, k, v, seqlens, True, 5, config)
+            o, lse = run(q, k, v, seqlens, True, num_splits, config)
             o_ref, lse_ref = attention_ref(q, k, v, causal=True, kv_lens=seqlens, upcast=torch.float64)
             max_abs, rel = errors(o, o_ref)
             assert max_abs <= TOL[torch.bfloat16][0] and rel <= TOL[torch.bfloat16][1], ((n, w, s), D, max_abs, rel)
@@ -276,3 +277,23 @@ def test_plain_eager_decode_equals_the_operator():
     o = decode(q, k, v, cache_seqlens=seqlens, num_splits=3)
     with FlopCounterMode(display=False): o_op = decode(q, k, v, cache_seqlens=seqlens, num_splits=3)
     assert torch.equal(o, o_op)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_every_decode_candidate_at_batch_64(dtype):
+    """(64, 32/8, 4096), Lq = 1, unsplit, with every candidate: the shape whose test failed when the decode autotuner
+    timed candidates in CUDA graphs (cead636) and so picked another config. Finds the config if one is wrong."""
+    B, Hq, Hkv, Lmax, D = 64, 32, 8, 4096, 128
+    seqlens = torch.randint(1, Lmax + 1, (B,), device="cuda", dtype=torch.int32)
+    seqlens[0], seqlens[-1] = 1, Lmax
+    q = randn(B, Hq, 1, D, dtype=dtype)
+    k, v = nan_cache(B, Hkv, Lmax, D, seqlens, dtype), nan_cache(B, Hkv, Lmax, D, seqlens, dtype)
+    bad = []
+    for n, w, s in dec._DECODE_CANDIDATES:
+        o, lse = run(q, k, v, seqlens, True, 1, dec.triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s))
+        for b in (0, B // 2, B - 1):
+            o_ref, _ = attention_ref(q[b:b+1], k[b:b+1], v[b:b+1], causal=True, kv_lens=seqlens[b:b+1])
+            max_abs, rel = errors(o[b:b+1], o_ref.double())
+            if not (max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1]): bad.append(((n, w, s), b, max_abs, rel))
+    assert not bad, bad
