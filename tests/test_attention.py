@@ -486,3 +486,63 @@ def test_gpu_saved_launch_reuses_addresses_streams_and_graphs(monkeypatch):
     graph.replay(); torch.cuda.synchronize()
     o_ref = attention_ref(q, k, v, causal=True, upcast=torch.float64)[0]
     assert errors(o_graph, o_ref)[0] <= TOL[torch.bfloat16][0]
+
+
+class _FakeDriver:
+    "Stands in for Triton's CUDA driver on a CPU: records tensor-map encodings, a fixed stream."
+    def __init__(self):
+        self.encoded = []
+        self.utils = type("Utils", (), {"fill_tma_descriptor": lambda _, *a: self.encoded.append(a) or ("map", a[0])})()
+    def get_current_stream(self, device): return 77
+
+
+def _fake_compiled_kernel(raw, descriptors:bool):
+    "A compiled kernel as `_Launch` reads it from Triton 3.6: `run` (the launcher) wraps the C launch when descriptors exist."
+    meta = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=[1, 1, rows, 64], fp4_padded=False) for rows in (64, 32, 32, 64)]
+    launcher, tensordesc_indices, tensordesc_meta = raw, {0, 1, 2, 3}, meta
+    def inner(*args): return launcher(*args, tensordesc_indices, tensordesc_meta)   # Triton's wrapper, same free variables
+    run = type("Launcher", (), dict(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                    launch_pdl=False, launch=staticmethod(inner if descriptors else raw)))()
+    return type("Compiled", (), dict(run=run, function=1234, packed_metadata="packed",
+                                     metadata=type("Meta", (), dict(tensordesc_meta=meta))()))()
+
+
+@pytest.mark.parametrize("descriptors", [True, False], ids=["descriptors", "pointers"])
+def test_saved_launch_passes_triton_3_6s_launcher_arguments(descriptors, monkeypatch):
+    """The arguments a `_Launch` hands to Triton's C launcher, in Triton 3.6's order: grid, stream, function, flags,
+    scratch, metadata, hooks, then each descriptor expanded to (tensor map, shape, strides), LSE and the scalars with the
+    new scale. Tensor maps are encoded once per address. (The GPU tests check the same launches against float64.)"""
+    driver = _FakeDriver()
+    monkeypatch.setattr(fwd.triton.runtime.driver, "_active", driver)
+    calls = []
+    kernel = _fake_compiled_kernel(lambda *a: calls.append(a), descriptors)
+    shapes = [(1, 2, 64, 64), (1, 2, 96, 64), (1, 2, 96, 64), (1, 2, 64, 64)]   # q, k, v, o: Lk = 96 ≠ Lq = 64
+    q, k, v, o = (torch.randn(*s, dtype=torch.float16) for s in shapes)
+    lse = torch.empty(1, 2, 64)
+    tiles = [fwd.TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, 64]) for t, r in zip((q, k, v, o), (64, 32, 32, 64))] \
+        if descriptors else [q, k, v, o]
+    scalars = list(range(100, 112)) + [2, 1, 64, 64, 0.5, 1, 64, 0]          # 12 strides, Hq, g, Lq, Lk, qk_scale, tune_*
+    constants = [64, 64, True, False, False, 64, 64, descriptors, True]      # HEAD_DIM … FOLD_SCALE, in signature order
+    args = tiles + [lse] + scalars + constants
+    assert len(args) == len(fwd._ATTN_FWD_ARGS)
+    plan = fwd._Launch(kernel, 10, args, "config")
+    q2, k2, v2, o2 = (torch.randn(*s, dtype=torch.float16) for s in shapes)
+    lse2 = torch.empty(1, 2, 64)
+    for _ in range(2): plan(q2, k2, v2, o2, lse2, 0.25)
+    head = (10, 1, 1, 77, 1234, False, False, None, None, "packed", None, None, None)
+    if descriptors:
+        expanded = []
+        for t in (q2, k2, v2, o2): expanded += [("map", t.data_ptr()), *t.shape, *t.stride()]
+    else: expanded = [q2, k2, v2, o2]
+    scale_at = fwd._ATTN_FWD_ARGS.index("qk_scale")
+    want = (*head, *expanded, lse2, *args[5:scale_at], 0.25 * fwd.LOG2E, *args[scale_at + 1:])
+    assert len(calls) == 2 and all(len(c) == len(want) and all(a is b or a == b for a, b in zip(c, want)) for c in calls)
+    assert len(driver.encoded) == (4 if descriptors else 0)                  # the second call reused the four maps
+    if descriptors:
+        assert driver.encoded == [(t.data_ptr(), 3, 2, fwd_tma_host_dtype(9), [1, 1, r, 64], list(t.shape), list(t.stride()), 0)
+                                  for t, r in zip((q2, k2, v2, o2), (64, 32, 32, 64))]
+
+
+def fwd_tma_host_dtype(device_code):
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    return TMA_DTYPE_DEVICE_TO_HOST[device_code]
