@@ -109,7 +109,7 @@ def test_close_autotune_timings_are_confirmed(monkeypatch):
     timings = {a: [1.00, 0.9, 1.1], b: [1.02, 0.9, 1.1], c: [1.04, 0.9, 1.1], d: [1.30, 1.2, 1.4]}  # d: 30% slower
     true_ms = {a: 1.03, b: 0.97, c: 1.01, d: 0.5}
     ran = []
-    monkeypatch.setattr(fwd.triton.testing, "do_bench_cudagraph", lambda fn, rep: (fn(), true_ms[ran[-1]])[1])
+    monkeypatch.setattr(fwd, "_graph_ms", lambda fn, rep=10, quantiles=None: (fn(), true_ms[ran[-1]])[1])
     assert fwd._confirm_pick(timings, ran.append) is b
     assert set(ran) == {a, b, c} and ran[:3] == [a, b, c]            # alternating, never the far one
     assert fwd._confirm_pick({a: [1.0], d: [1.3]}, ran.append) is a   # nothing close: the autotuner's pick, untimed

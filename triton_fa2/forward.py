@@ -252,10 +252,17 @@ def _prune_configs(configs, named_args, **kwargs):
             and (head_dim in TUNED_HEAD_DIMS or _shape(c) in _ANY_HEAD_DIM)]
     return kept or [min(configs, key=lambda c: _smem_bytes(*_shape(c)[:2], block_d, c.num_stages))]
 
+def _graph_ms(fn, rep:int=10, quantiles=None):
+    """fn's GPU time, replayed in a CUDA graph. The graph runs on a side stream, unordered with this one: first wait for
+    everything queued here, or its reads (inputs still being written, memory just freed and handed to our outputs)
+    race with the graph's writes."""
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(fn, rep=rep, quantiles=quantiles)
+
 def _bench_candidate(fn, quantiles):
-    """Time one candidate's GPU time, replayed in a CUDA graph: launched from Python, a small call's timing is the
-    host's launch cost (70–90 µs on the H200 machine against 9 µs of kernel), which ranks configs by noise."""
-    return triton.testing.do_bench_cudagraph(fn, rep=10, quantiles=quantiles)
+    """Time one candidate's GPU time in a CUDA graph: launched from Python, a small call's timing is the host's launch
+    cost (70–90 µs on the H200 machine against 9 µs of kernel), which ranks configs by noise."""
+    return _graph_ms(fn, quantiles=quantiles)
 
 def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5) -> triton.Config:
     """The autotuner's short timings rank configs a few percent apart by noise: time again, alternating and longer, those
@@ -266,7 +273,7 @@ def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5) -> triton.
     if len(close) < 2: return ranked[0]
     samples = {c: [] for c in close}
     for _ in range(rounds):                              # alternating: clock and temperature drift hits each alike
-        for c in close: samples[c].append(triton.testing.do_bench_cudagraph(lambda: run(c), rep=10))
+        for c in close: samples[c].append(_graph_ms(lambda: run(c)))
     return min(close, key=lambda c: sorted(samples[c])[rounds // 2])
 
 _attn_fwd_tuned = triton.autotune(

@@ -172,9 +172,10 @@ def _prune_decode_configs(configs, named_args, **kwargs):
     return kept or [min(configs, key=smem)]
 
 def _bench_decode_candidate(fn, quantiles):
-    """Per-call timing (`do_bench`), as before issue 6's second round. The forward's CUDA-graph timing, used here too
-    for one device run (cead636), made this autotuner pick differently, and the GPU test of the (64, 32/8, 4096), Lq=1
-    decode shape then failed in fp16 and bf16; not yet understood (notes/issue6_progress.md)."""
+    """Per-call timing (`do_bench`), as before issue 6's second round. With the forward's CUDA-graph timing, used here
+    too for one device run (cead636), the GPU test of the (64, 32/8, 4096), Lq=1 decode shape failed in fp16 and bf16.
+    The likely cause, found after the run and not yet checked on a GPU: the graph ran on a side stream while the test's
+    1 GB caches were still being written on the default one (`_graph_ms` now waits first; notes/issue6_progress.md)."""
     return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
 
 _decode_fwd_tuned = triton.autotune(
