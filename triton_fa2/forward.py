@@ -416,7 +416,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
             rerun = lambda c: _attention_forward(*tensors, lse, causal, scale, config=c, pack_gqa=pack, use_tma=use_tma)
             config = rerun(_confirm_pick(timings, rerun))   # this call's output is the pick's, as later calls' are
         _TUNED[key] = config
-    elif plan_key is not None and compiled is not None:  # the autotuner's pick, launched by Triton: keep what it did
+    elif plan_key is not None and compiled is not None and plan_key not in _PLANS:  # the pick, launched by Triton: keep what it did
         named = dict(constants, **config.kwargs)
         _save_plan(plan_key, compiled, grid(config.kwargs)[0], args + [named[n] for n in _ATTN_FWD_ARGS[len(args):]], config)
     return config
