@@ -6,10 +6,15 @@ config per (shape, path) and writes every row.
 
 The variants measured during issue 6 (folded scale, longest-first, warp specialisation, the overlapped S, the lazy
 rescale) were flags of the kernel at commits 9bd1e35, 3933cb5 and 89852d3 (`--paths descriptors,descriptors+lazy`), run by this script as it was then; results/issue6/ keeps their CSVs and
-notes/performance.md their predictions and outcomes."""
-import argparse, csv, datetime, itertools, time
+notes/performance.md their predictions and outcomes.
+
+Third round: extra configs may carry a register cap (a fifth number, Triton's `maxnreg`), to fit two 8-warp programs on
+an SM; `--paths descriptors+gemm_only` (alone in its process) replaces the softmax by one multiply per score, which
+gives wrong answers (not checked) and the loop's time without the softmax: a ceiling for what cheaper softmax could give."""
+import argparse, csv, datetime, itertools, os, time
 import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
 import torch, triton
+import triton.language as tl
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton_fa2.forward import _INTERPRETER_CONFIG, _attention_forward, _gpu_configs, _shape
@@ -24,22 +29,44 @@ PATHS = [{"use_tma": True}, {"use_tma": False}]   # tensor descriptors, pointers
 
 
 def variant_of(name):
-    "'descriptors' or 'pointers': keyword arguments of _attention_forward."
-    assert name in ("descriptors", "pointers"), name
-    return {"use_tma": name == "descriptors"}
+    "'descriptors', 'pointers' or 'descriptors+gemm_only': keyword arguments of _attention_forward."
+    assert name in ("descriptors", "pointers", "descriptors+gemm_only"), name
+    if name.endswith("gemm_only"): _remove_softmax()
+    return {"use_tma": name != "pointers"}
+
+
+GEMM_ONLY = False
+
+def _remove_softmax():
+    "Swap `_softmax_step` for P = S·s, α = 1, before anything compiles: the same loop, tiles and dots, no max or exp2."
+    global GEMM_ONLY
+    import triton_fa2.forward as fwd
+
+    @triton.jit
+    def _gemm_only_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
+                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, FOLD_SCALE: tl.constexpr):
+        return qk * qk_scale, tl.full(m_i.shape, 1.0, tl.float32), m_i, l_i
+    fwd._softmax_step = _gemm_only_step
+    GEMM_ONLY = True
+    os.environ["EXPERIMENT_GEMM_ONLY"] = "1"     # the precompiling processes swap it too
 
 
 def name_of(variant):
-    return "descriptors" if variant["use_tma"] else "pointers"
+    return ("descriptors+gemm_only" if GEMM_ONLY else "descriptors") if variant["use_tma"] else "pointers"
 EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (128, 64, 8, 4), (64, 64, 4, 4),
-         (128, 32, 4, 4), (64, 64, 4, 2)]   # beyond the autotuner's candidates
+         (128, 32, 4, 4), (64, 64, 4, 2),    # beyond the autotuner's candidates; then, for two or three programs per SM:
+         (128, 64, 8, 2, 128), (128, 128, 8, 2, 128), (128, 32, 8, 3), (128, 32, 8, 4), (64, 32, 4, 3), (64, 32, 4, 4)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _configs():
     if not GPU: return [_INTERPRETER_CONFIG]
-    return _gpu_configs() + [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s,
-                                           pre_hook=_gpu_configs()[0].pre_hook) for m, n, w, s in EXTRA]
+    return _gpu_configs() + [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, maxnreg=r[0] if r else None,
+                                           pre_hook=_gpu_configs()[0].pre_hook) for m, n, w, s, *r in EXTRA]
+
+
+def _label(config):
+    return "{}x{} w{} s{}".format(*_shape(config)) + (f" r{config.maxnreg}" if config.maxnreg else "")
 
 
 _INPUTS = {}
@@ -47,6 +74,7 @@ _INPUTS = {}
 def _compile_one(task):
     "A worker's job: one launch of (shape, variant, config index), so that its binary lands in Triton's disk cache."
     (B, H, N, D, causal, dtype), variant, index = task
+    if os.environ.get("EXPERIMENT_GEMM_ONLY") and not GEMM_ONLY: _remove_softmax()
     if (B, H, N, D, dtype) not in _INPUTS:
         _INPUTS.clear()
         _INPUTS[(B, H, N, D, dtype)] = [torch.randn(B, H, N, D, device="cuda", dtype=DTYPES[dtype]) for _ in range(3)]
@@ -90,14 +118,14 @@ def main(out, seconds, commit, workers=0, shapes=None, variants=None):
         for config in configs:
             if time.time() - start > seconds: print("stopped at the time limit"); f.close(); return rows
             row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=dtype, variant=name_of(variant),
-                       config="{}x{} w{} s{}".format(*_shape(config)), ms="", tflops="", max_err="", error="", **meta)
+                       config=_label(config), ms="", tflops="", max_err="", error="", **meta)
             run = lambda: _attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, pack_gqa=False, **variant)
             try:
                 o.fill_(float("nan")); run()
                 if GPU: torch.cuda.synchronize()
                 err = (o.float() - ref.float()).abs().max().item()
                 row["max_err"] = f"{err:.2e}"
-                if not err <= 2e-2: row["error"] = "wrong result"
+                if not err <= 2e-2 and not GEMM_ONLY: row["error"] = "wrong result"
                 elif GPU:
                     ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
                     row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
@@ -124,6 +152,7 @@ if __name__ == "__main__":
     ap.add_argument("--paths", default="descriptors,pointers", help="tile sources to measure")
     ap.add_argument("--shapes", default="", help="indices into SHAPES, e.g. 0,1; default: all")
     a = ap.parse_args()
+    assert "gemm_only" not in a.paths or a.paths == "descriptors+gemm_only", "gemm_only replaces the softmax: run it alone"
     variants = [variant_of(p) for p in a.paths.split(",")]
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else None
     main(a.out, a.seconds, a.commit, a.workers, shapes, variants)

@@ -400,7 +400,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
         key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, str(dtype), str(lse.device))
         config = _TUNED.get(key)
     kernel, meta = (_attn_fwd_tuned, {}) if config is None else \
-        (_attn_fwd, dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages))
+        (_attn_fwd, config.all_kwargs())
     if config is not None: _set_descriptor_blocks(dict(Q=q, K=k, V=v, O=o, BLOCK_D=block_d, **config.kwargs))
     args = [q, k, v, o, lse, *strides[0], *strides[1], *strides[2], *strides[3],
             Hq, Hq // Hkv, Lq, Lk, scale * LOG2E, tune_rows, tune_seqlen_k, _DTYPES.index(dtype)]

@@ -215,7 +215,7 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
         lse_part = torch.empty(num_splits, B, Hq, Lq, device=q.device, dtype=torch.float32)
         split_strides = (o_part.stride(0), lse_part.stride(0))
     kernel, meta = (_decode_fwd_tuned, {}) if config is None else \
-        (_decode_fwd, dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages))
+        (_decode_fwd, config.all_kwargs())
     programs = triton.cdiv(rows, block_m) * num_splits * B * Hkv
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         kernel[(programs,)](
