@@ -283,7 +283,8 @@ def test_plain_eager_decode_equals_the_operator():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_every_decode_candidate_at_batch_64(dtype):
     """(64, 32/8, 4096), Lq = 1, unsplit, with every candidate: the shape whose test failed when the decode autotuner
-    timed candidates in CUDA graphs (cead636) and so picked another config. Finds the config if one is wrong."""
+    first timed candidates in CUDA graphs (cead636). Every config is right; the cause was the graph timing's race with
+    the caches still being written (59a3980: fails without `_graph_ms`'s wait, passes with it)."""
     B, Hq, Hkv, Lmax, D = 64, 32, 8, 4096, 128
     seqlens = torch.randint(1, Lmax + 1, (B,), device="cuda", dtype=torch.int32)
     seqlens[0], seqlens[-1] = 1, Lmax

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from .forward import (LOG2E, _attn_fwd_inner, _bucket, _check_inputs, _define_operator, _dot_in_fp32, _plain_eager,
+from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _define_operator, _dot_in_fp32, _plain_eager,
                                 _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _q_block_rows, _smem_bytes)
 
 # %% ../nbs/06_split_kv_decode.ipynb #994421ff
@@ -171,18 +171,11 @@ def _prune_decode_configs(configs, named_args, **kwargs):
     kept = [c for c in configs if smem(c) <= _max_smem(torch.cuda.current_device())]
     return kept or [min(configs, key=smem)]
 
-def _bench_decode_candidate(fn, quantiles):
-    """Per-call timing (`do_bench`), as before issue 6's second round. With the forward's CUDA-graph timing, used here
-    too for one device run (cead636), the GPU test of the (64, 32/8, 4096), Lq=1 decode shape failed in fp16 and bf16.
-    The likely cause, found after the run and not yet checked on a GPU: the graph ran on a side stream while the test's
-    1 GB caches were still being written on the default one (`_graph_ms` now waits first; notes/issue6_progress.md)."""
-    return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
-
 _decode_fwd_tuned = triton.autotune(
     configs=[_INTERPRETER_DECODE_CONFIG] if interpreting() else
             [triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s) for n, w, s in _DECODE_CANDIDATES],
     key=["HEAD_DIM", "CAUSAL", "BLOCK_M", "tune_work", "tune_seqlen_k"],
-    prune_configs_by=dict(early_config_prune=_prune_decode_configs), do_bench=_bench_decode_candidate)(_decode_fwd)
+    prune_configs_by=dict(early_config_prune=_prune_decode_configs), do_bench=_bench_candidate)(_decode_fwd)
 
 def _decode_block_m(rows:int) -> int:
     "Rows per program: the g·Lq packed rows, at least a 16-row tensor-core tile, at most 64."
