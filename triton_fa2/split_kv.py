@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _define_operator,
-                                _dot_in_fp32, _plain_eager, _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _q_block_rows, _smem_bytes)
+                                _dot_in_fp32, _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _plain_eager,
+                                _q_block_rows, _smem_bytes)
 
 # %% ../nbs/06_split_kv_decode.ipynb #994421ff
 def num_splits_heuristic(programs:int,       # programs of the unsplit launch: B · Hkv · Q blocks
