@@ -546,3 +546,22 @@ def test_saved_launch_passes_triton_3_6s_launcher_arguments(descriptors, monkeyp
 def fwd_tma_host_dtype(device_code):
     from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
     return TMA_DTYPE_DEVICE_TO_HOST[device_code]
+
+
+class _RecordLaunch:
+    "Stands in for a jitted kernel: records the launch options instead of launching."
+    def __init__(self): self.options = None
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs): self.options = kwargs
+        return launch
+
+
+def test_a_given_config_launches_with_all_its_options(monkeypatch):
+    "A config passed to the launch keeps its register cap and CTA count (they were once dropped: only warps and stages went)."
+    recorder = _RecordLaunch()
+    monkeypatch.setattr(fwd, "_attn_fwd", recorder)
+    q, k, v = (randn(1, 2, 64, 64) for _ in range(3))
+    config = fwd.triton.Config(dict(BLOCK_M=64, BLOCK_N=32), num_warps=8, num_stages=2, maxnreg=128)
+    _attention_forward(q, k, v, torch.empty_like(q), torch.empty(1, 2, 64, device=q.device), True, 0.125, config=config)
+    assert {k: recorder.options[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "maxnreg")} == \
+        dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, maxnreg=128)

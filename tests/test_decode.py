@@ -298,3 +298,16 @@ def test_gpu_every_decode_candidate_at_batch_64(dtype):
             max_abs, rel = errors(o[b:b+1], o_ref.double())
             if not (max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1]): bad.append(((n, w, s), b, max_abs, rel))
     assert not bad, bad
+
+
+def test_a_given_decode_config_launches_with_all_its_options(monkeypatch):
+    "As for the forward kernel: a decode config's register cap reaches the launch."
+    from test_attention import _RecordLaunch
+    recorder = _RecordLaunch()
+    monkeypatch.setattr(dec, "_decode_fwd", recorder)
+    q, k, v = randn(2, 4, 1, 64), randn(2, 2, 100, 64), randn(2, 2, 100, 64)
+    config = dec.triton.Config(dict(BLOCK_N=32), num_warps=4, num_stages=3, maxnreg=96)
+    o, lse = torch.empty_like(q), torch.empty(2, 4, 1, device=q.device)
+    _decode_forward(q, k, v, None, o, lse, True, 0.125, 1, config)
+    assert {k: recorder.options[k] for k in ("BLOCK_N", "num_warps", "num_stages", "maxnreg")} == \
+        dict(BLOCK_N=32, num_warps=4, num_stages=3, maxnreg=96)
