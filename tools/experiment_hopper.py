@@ -11,7 +11,9 @@ notes/performance.md their predictions and outcomes.
 Third round: extra configs may carry a register cap (a fifth number, Triton's `maxnreg`), to fit two 8-warp programs on
 an SM; `--paths descriptors+gemm_only` (alone in its process) replaces the softmax by one multiply per score, which
 gives wrong answers (not checked) and the loop's time without the softmax: a ceiling for what cheaper softmax could give;
-`--paths descriptors+fixed_max` keeps the exponentials, masks and sum but not the running max and its rescale."""
+`--paths descriptors+fixed_max` keeps the exponentials, masks and sum but not the running max and its rescale;
+`--paths descriptors+persistent` runs the same body as a persistent kernel fed by an atomic counter (`_persistent_kernel`).
+Each shape also times SDPA's FLASH and cuDNN backends (variant `sdpa_flash`, `sdpa_cudnn`), for ratios from one process."""
 import argparse, csv, datetime, itertools, os, time
 import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
 import torch, triton
@@ -25,12 +27,13 @@ GPU = torch.cuda.is_available()      # without one: a smoke test of this script 
 
 SHAPES = [  # (B, H, N, D, causal, dtype): the money shot, its non-causal twin, a long causal one, head dim 64, fp16
     (8, 32, 2048, 128, True, "bf16"), (8, 32, 2048, 128, False, "bf16"), (1, 32, 16384, 128, True, "bf16"),
-    (8, 32, 2048, 64, True, "bf16"), (8, 32, 2048, 128, True, "fp16")]
+    (8, 32, 2048, 64, True, "bf16"), (8, 32, 2048, 128, True, "fp16"), (8, 32, 512, 128, False, "bf16")]  # … short rows
 PATHS = [{"use_tma": True}, {"use_tma": False}]   # tensor descriptors, pointers
 
 
 def variant_of(name):
-    "'descriptors', 'pointers', 'descriptors+gemm_only' or 'descriptors+fixed_max': keyword arguments of _attention_forward."
+    """'descriptors', 'pointers', 'descriptors+gemm_only', 'descriptors+fixed_max' or 'descriptors+persistent': keyword
+    arguments of _attention_forward."""
     assert name in ("descriptors", "pointers") or name.removeprefix("descriptors+") in SWAPS, name
     if "+" in name: _swap_softmax(name.removeprefix("descriptors+"))
     return {"use_tma": name != "pointers"}
@@ -56,14 +59,57 @@ def _fixed_max_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
     return p, tl.full(m_i.shape, 1.0, tl.float32), m_i, l_i + tl.sum(p, 1)
 
 
-SWAPS = {"gemm_only": _gemm_only_step, "fixed_max": _fixed_max_step}
+def _persistent_kernel():
+    """`_attn_fwd` made persistent, from its own source (so it is the same body, not a copy that could drift): each
+    program takes the next Q block from an atomic counter until none is left. Blocks are numbered as the grid numbers
+    its programs (a head's blocks together, longest first when causal), so the counter hands out the longest blocks
+    first and a program that drew short ones draws more: FA3's dynamic scheduler, without its warp specialisation."""
+    import importlib.util, inspect, tempfile, textwrap
+    import triton_fa2.forward as fwd
+    source = inspect.getsource(fwd._attn_fwd.fn)
+    head, body = source.split("    pid = tl.program_id(0)\n")
+    assert head.count("def _attn_fwd(Q, K, V, O, LSE,") == 1 and "program_id" not in body
+    head = head.replace("def _attn_fwd(Q, K, V, O, LSE,", "def _attn_fwd_persistent(Counter, num_tiles, Q, K, V, O, LSE,")
+    head = head.replace('do_not_specialize=["num_heads_q"', 'do_not_specialize=["num_tiles", "num_heads_q"')
+    loop = ("    pid = tl.atomic_add(Counter, 1)\n    while pid < num_tiles:\n"
+            "        next_pid = tl.atomic_add(Counter, 1)       # asked early: its latency hides behind this block\n"
+            + textwrap.indent(body, "    ") + "        pid = next_pid\n")
+    path = os.path.join(tempfile.mkdtemp(), "attn_fwd_persistent.py")   # Triton reads a kernel's source from its file
+    with open(path, "w") as f:
+        f.write("import triton_fa2.forward as _fwd\nglobals().update({k: v for k, v in vars(_fwd).items() if not k.startswith('__')})\n"
+                + head + loop)
+    spec = importlib.util.spec_from_file_location("attn_fwd_persistent", path)
+    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+    return module._attn_fwd_persistent
+
+
+class _PersistentLaunch:
+    "Stands in for `_attn_fwd` in `_attention_forward`: `kernel[grid](*args)` runs the persistent kernel instead."
+    PROGRAMS_PER_SM = 4              # more than fit: programs that start after the counter ran out return at once
+
+    def __init__(self): self.kernel = _persistent_kernel()
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            tiles = grid(kwargs)[0]
+            sms = torch.cuda.get_device_properties().multi_processor_count if GPU else 2
+            counter = torch.zeros(1, dtype=torch.int32, device=args[4].device)   # a memset per call, timed with it
+            return self.kernel[(min(tiles, sms * self.PROGRAMS_PER_SM),)](counter, tiles, *args, **kwargs)
+        return launch
+
+
+def _persistent_step(*args): raise AssertionError("not a softmax step")
+
+
+SWAPS = {"gemm_only": _gemm_only_step, "fixed_max": _fixed_max_step, "persistent": _persistent_step}
 SWAP = None           # the swapped-in step's name, if any; its answers are checked unless it is gemm_only
 
 def _swap_softmax(name):
     "Swap `_softmax_step` before anything compiles (the precompiling processes do the same, through the environment)."
     global SWAP
     import triton_fa2.forward as fwd
-    fwd._softmax_step = SWAPS[name]
+    if name == "persistent": fwd._attn_fwd = _PersistentLaunch()
+    else: fwd._softmax_step = SWAPS[name]
     SWAP = name
     os.environ["EXPERIMENT_SWAP"] = name
 
@@ -78,10 +124,13 @@ EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+ONLY = []            # --configs: labels to keep (all when empty)
+
 def _configs():
     if not GPU: return [_INTERPRETER_CONFIG]
-    return _gpu_configs() + [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, maxnreg=r[0] if r else None,
+    configs = _gpu_configs() + [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, maxnreg=r[0] if r else None,
                                            pre_hook=_gpu_configs()[0].pre_hook) for m, n, w, s, *r in EXTRA]
+    return [c for c in configs if not ONLY or _label(c) in ONLY]
 
 
 def _label(config):
@@ -94,6 +143,7 @@ def _compile_one(task):
     "A worker's job: one launch of (shape, variant, config index), so that its binary lands in Triton's disk cache."
     (B, H, N, D, causal, dtype), variant, index = task
     if os.environ.get("EXPERIMENT_SWAP") and not SWAP: _swap_softmax(os.environ["EXPERIMENT_SWAP"])
+    ONLY[:] = [c.strip() for c in os.environ.get("EXPERIMENT_CONFIGS", "").split(",") if c.strip()]
     if (B, H, N, D, dtype) not in _INPUTS:
         _INPUTS.clear()
         _INPUTS[(B, H, N, D, dtype)] = [torch.randn(B, H, N, D, device="cuda", dtype=DTYPES[dtype]) for _ in range(3)]
@@ -134,6 +184,21 @@ def main(out, seconds, commit, workers=0, shapes=None, variants=None):
         else: ref = attention_ref(q, k, v, causal=causal)[0]
         flops = 4 * B * H * N * N * D / (2 if causal else 1)
         o, lse = torch.empty_like(q), torch.empty(B, H, N, device=device)
+        if GPU and variant is variants[0]:                   # the yardsticks, once per shape, in this process
+            for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=dtype, variant=name, config="",
+                           ms="", tflops="", max_err="", error="", **meta)
+                def yardstick(backend=backend):
+                    with sdpa_kernel(backend): return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                try:
+                    row["max_err"] = f"{(yardstick().float() - ref.float()).abs().max().item():.2e}"
+                    ms = triton.testing.do_bench(yardstick, warmup=10, rep=50, return_mode="median")
+                    row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
+                except Exception as e: row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                rows.append(row)
+                if writer is None: writer = csv.DictWriter(f, list(row)); writer.writeheader()
+                writer.writerow(row); f.flush()
+                print(f"({B}, {H}, {N}, {D}) {dtype} {'causal' if causal else 'full'} {name:<40} {row['tflops'] or row['error']} TFLOP/s", flush=True)
         for config in configs:
             if time.time() - start > seconds: print("stopped at the time limit"); f.close(); return rows
             row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=dtype, variant=name_of(variant),
@@ -170,7 +235,10 @@ if __name__ == "__main__":
     ap.add_argument("--workers", type=int, default=0, help="processes that compile every launch before timing (GPU)")
     ap.add_argument("--paths", default="descriptors,pointers", help="tile sources to measure")
     ap.add_argument("--shapes", default="", help="indices into SHAPES, e.g. 0,1; default: all")
+    ap.add_argument("--configs", default="", help="labels to time, e.g. '64x64 w4 s3,128x64 w4 s2'; default: all")
     a = ap.parse_args()
+    ONLY[:] = [c.strip() for c in a.configs.split(",") if c.strip()]
+    if ONLY: os.environ["EXPERIMENT_CONFIGS"] = a.configs     # the precompiling processes filter the same way
     assert "+" not in a.paths or "," not in a.paths, "a swapped softmax step applies to the whole process: run it alone"
     variants = [variant_of(p) for p in a.paths.split(",")]
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else None
