@@ -127,6 +127,46 @@ def test_fp16_scores_beyond_fp16_range():
         check(q, q, randn(1, 2, 50, 64), causal)
 
 
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", [
+    (2, 3, 3, 17, 17, 64),      # inside one K tile: only the first, online tile
+    (1, 2, 2, 255, 255, 128),   # ragged; full and masked runs after the first tile
+    (1, 2, 2, 100, 37, 64),     # Lq > Lk: rows that see no key at all
+    (1, 8, 2, 33, 65, 64),      # GQA 4:1, odd lengths
+])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_online_softmax_without_the_fixed_maximum(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
+    """`fixed_max=False`: the running maximum on every tile (the kernel's fallback, and what 03 derives) matches
+    float64 too, and the default (the maximum fixed after the first tile) agrees with it to rounding."""
+    q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+    o = torch.full_like(q, float("nan")); lse = torch.full((B, Hq, Lq), float("nan"), device=q.device)
+    _attention_forward(q, k, v, o, lse, causal, D ** -0.5, fixed_max=False)
+    o_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=torch.float64)
+    max_abs, rel = errors(o, o_ref)
+    assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], (max_abs, rel)
+    torch.testing.assert_close(lse.double(), lse_ref, **LSE_TOL)
+    o_fixed, _ = check(q, k, v, causal)
+    torch.testing.assert_close(o_fixed, o, atol=2 * TOL[dtype][0], rtol=0)
+
+
+@pytest.mark.parametrize("dtype, log2_above", [(torch.float16, 20.0), (torch.bfloat16, 140.0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_scores_far_above_the_first_tiles_maximum(dtype, log2_above, causal):
+    """The maximum is fixed after the first key tile (≤ 128 keys); keys after it here score up to `log2_above` (base 2)
+    higher, past what P holds in this dtype (2^15.9 in fp16, 2^127 in bf16), so P overflows to inf on the fast path
+    and the kernel must notice and redo those blocks online. Causal: early rows never see the big keys (no fallback),
+    later ones do, in the same blocks."""
+    D, L = 64, 240
+    u = torch.nn.functional.normalize(torch.randn(D), dim=0)
+    q = (torch.randn(1, 2, L, D) * 0.5 + 3 * u).to(dtype).to(DEVICE)
+    ramp = torch.zeros(L); ramp[128:] = torch.linspace(0, 1, L - 128)          # keys 0 … 127 lie in the first tile
+    k = (torch.randn(1, 2, L, D) * 0.5 + ramp[:, None] * u * log2_above * D ** 0.5 / (3 * fwd.LOG2E)).to(dtype).to(DEVICE)
+    v = randn(1, 2, L, D, dtype=dtype)
+    scores = (q.double() @ k.double().transpose(-1, -2)) * D ** -0.5 * fwd.LOG2E
+    assert (scores[..., 128:].amax(-1) - scores[..., :128].amax(-1)).max() > {torch.float16: 15.9, torch.bfloat16: 128}[dtype]
+    check(q, k, v, causal)
+
+
 def test_rows_that_see_no_key():
     "Bottom-right causal with Lq > Lk: the first Lq − Lk rows give O = 0 exactly and LSE = −∞, never NaN."
     q, k, v = randn(1, 2, 90, 32), randn(1, 2, 20, 32), randn(1, 2, 20, 32)
@@ -522,7 +562,7 @@ def test_saved_launch_passes_triton_3_6s_launcher_arguments(descriptors, monkeyp
     tiles = [fwd.TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, 64]) for t, r in zip((q, k, v, o), (64, 32, 32, 64))] \
         if descriptors else [q, k, v, o]
     scalars = list(range(100, 112)) + [2, 1, 64, 64, 0.5, 1, 64, 0]          # 12 strides, Hq, g, Lq, Lk, qk_scale, tune_*
-    constants = [64, 64, True, False, False, 64, 64, descriptors, True]      # HEAD_DIM … FOLD_SCALE, in signature order
+    constants = [64, 64, True, False, False, 64, 64, descriptors, True, True]   # HEAD_DIM … FIXED_MAX, in signature order
     args = tiles + [lse] + scalars + constants
     assert len(args) == len(fwd._ATTN_FWD_ARGS)
     plan = fwd._Launch(kernel, 10, args, "config")

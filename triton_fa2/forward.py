@@ -57,15 +57,24 @@ def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexp
 
 # %% ../nbs/03_triton_forward.ipynb #4eadd4fb
 @triton.jit
+def _mask_scores(qk, cols, offs_m, seqlen_k, diag_offset, CAUSAL: tl.constexpr):
+    "−∞ where a key is past Lk or, when causal, above the diagonal."
+    visible = cols[None, :] < seqlen_k
+    if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
+    return tl.where(visible, qk, float("-inf"))
+
+@triton.jit
 def _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, FOLD_SCALE: tl.constexpr):
-    "Steps 2–4 for one tile of raw scores S = QKᵀ: P (float32), α, the new running max and the new running sum."
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, FOLD_SCALE: tl.constexpr, FIXED_MAX: tl.constexpr = False):
+    """Steps 2–4 for one tile of raw scores S = QKᵀ: P (float32), α, the new running max and the new running sum.
+    With FIXED_MAX, m_i is each row's fixed, finite maximum: P = 2^(S·s − m_i), no new maximum, α = 1."""
+    if FIXED_MAX:
+        if MASKED: p = tl.math.exp2(_mask_scores(qk * qk_scale, cols, offs_m, seqlen_k, diag_offset, CAUSAL) - m_i[:, None])
+        else: p = tl.math.exp2(qk * qk_scale - m_i[:, None])  # one FMA per score
+        return p, tl.full(m_i.shape, 1.0, tl.float32), m_i, l_i + tl.sum(p, 1)
     if MASKED or not FOLD_SCALE:
         qk = qk * qk_scale                                   # base-2 logits
-        if MASKED:
-            visible = cols[None, :] < seqlen_k
-            if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
-            qk = tl.where(visible, qk, float("-inf"))
+        if MASKED: qk = _mask_scores(qk, cols, offs_m, seqlen_k, diag_offset, CAUSAL)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         if MASKED: m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing: 2^(−∞−0) = 0, not NaN
         else: m_use = m_new
@@ -85,15 +94,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
                     kv_z=0, kv_h=0,                        # with USE_TMA: the batch and KV head the descriptors are read at
-                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False):
+                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, FIXED_MAX: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if USE_TMA: k = k_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else: qk = tl.dot(q, tl.trans(k))
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE)
-        acc = acc * alpha[:, None]
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL,
+                                           FOLD_SCALE, FIXED_MAX)
+        if not FIXED_MAX: acc = acc * alpha[:, None]
         if USE_TMA: v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: v = _load_rows(v_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         p = p.to(v.dtype)                                    # the tensor cores take P in the input dtype
@@ -103,6 +113,29 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
             k_src += BLOCK_N * stride_kn
             v_src += BLOCK_N * stride_vn
     return acc, l_i, m_i
+
+@triton.jit
+def _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                   lo, full_end, end, seqlen_k, diag_offset, qk_scale,
+                   CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,
+                   FIXED_MAX: tl.constexpr):
+    "Keys [lo, end) in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) are at key 0."
+    masked_lo = tl.maximum(full_end, lo)
+    k_full, v_full, k_masked, v_masked = k_ptrs, v_ptrs, k_ptrs, v_ptrs
+    if not USE_TMA:
+        k_full += tl.cast(lo, tl.int64) * stride_kn
+        v_full += tl.cast(lo, tl.int64) * stride_vn
+        k_masked += masked_lo.to(tl.int64) * stride_kn
+        v_masked += masked_lo.to(tl.int64) * stride_vn
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_full, v_full, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                    lo, full_end, seqlen_k, diag_offset, qk_scale,
+                                    False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
+                                    kv_z, kv_h, USE_TMA, FOLD_SCALE, FIXED_MAX)
+    return _attn_fwd_inner(acc, l_i, m_i, q, k_masked, v_masked, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                           masked_lo, end, seqlen_k, diag_offset, qk_scale,
+                           True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
+                           kv_z, kv_h, USE_TMA, FOLD_SCALE, FIXED_MAX)
 
 # %% ../nbs/03_triton_forward.ipynb #0e72cbd2
 @triton.jit
@@ -144,7 +177,8 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
               tune_rows, tune_seqlen_k, tune_dtype,     # only for the autotuner's key
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PACK_GQA: tl.constexpr,
               DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr):   # with USE_TMA, Q, K, V, O are tensor descriptors
+              USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,    # with USE_TMA, Q, K, V, O are tensor descriptors
+              FIXED_MAX: tl.constexpr):                 # each row's maximum fixed after the first key tile
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(not (USE_TMA and PACK_GQA))
     pid = tl.program_id(0)
@@ -187,17 +221,26 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_end, end = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
     diag_offset = seqlen_k - seqlen_q
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    0, full_end, seqlen_k, diag_offset, qk_scale,
-                                    False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
-                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE)
-    if not USE_TMA:
-        k_ptrs += full_end.to(tl.int64) * stride_kn
-        v_ptrs += full_end.to(tl.int64) * stride_vn
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    full_end, end, seqlen_k, diag_offset, qk_scale,
-                                    True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
-                                    off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA, FOLD_SCALE)
+    kv_z, kv_h = off_z.to(tl.int32), off_hkv.to(tl.int32)
+    lo = 0
+    if FIXED_MAX:        # the first key tile, online; its exact row maximum is each row's maximum from then on
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                        0, tl.minimum(end, BLOCK_N), seqlen_k, diag_offset, qk_scale,
+                                        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
+        m_i = tl.where(m_i == float("-inf"), 0.0, m_i)   # a row without key 0 sees no key at all: its P stays 0
+        lo = BLOCK_N
+    acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                   lo, full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                   DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE, FIXED_MAX)
+    if FIXED_MAX:        # a later score above the fixed maximum by more than P's dtype holds made P, hence acc, inf
+        finite = (l_i < float("inf")) & (tl.sum(tl.abs(acc), 1) < float("inf"))   # NaN compares false too
+        if tl.min(finite.to(tl.int32), 0) == 0:         # then the whole block again, online (rare; exact)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                           0, full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D,
+                                           BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE, False)
 
     o, lse = _normalize_rows(acc, l_i, m_i)
     if USE_TMA:                                         # the descriptor clips rows past Lq and columns past D
@@ -278,7 +321,7 @@ def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5) -> triton.
 
 _attn_fwd_tuned = triton.autotune(
     configs=[_INTERPRETER_CONFIG] if interpreting() else _gpu_configs(),
-    key=["HEAD_DIM", "CAUSAL", "PACK_GQA", "tune_rows", "tune_seqlen_k", "tune_dtype", "USE_TMA", "FOLD_SCALE"],
+    key=["HEAD_DIM", "CAUSAL", "PACK_GQA", "tune_rows", "tune_seqlen_k", "tune_dtype", "USE_TMA", "FOLD_SCALE", "FIXED_MAX"],
     prune_configs_by=dict(early_config_prune=_prune_configs), do_bench=_bench_candidate)(_attn_fwd)
 
 def _bucket(n:int, lo:int, hi:int) -> int:
@@ -368,15 +411,16 @@ def _has_tma(device:torch.device) -> bool:
 _TUNED = {}   # our autotune key → the config the autotuner chose for it, launched directly on later calls
 
 def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.Config=None, pack_gqa:bool=None,
-                       use_tma:bool=None) -> triton.Config:
+                       use_tma:bool=None, fixed_max:bool=True) -> triton.Config:
     """Launch on (B, H, L, D) views with any strides (last dim contiguous) into preallocated o (B, Hq, Lq, D) and
     lse (B, Hq, Lq); returns the config launched. `config` bypasses the autotuner (tests run every candidate through
-    it); `pack_gqa` and `use_tma` left at None are decided here, and the tests force both ways."""
+    it); `pack_gqa` and `use_tma` left at None are decided here, and the tests force both ways; `fixed_max=False`
+    runs the plain online softmax (FIXED_MAX, see the kernel), which the tests compare."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq * Lq == 0: return config
     plan_key = None
-    if config is None and pack_gqa is None and use_tma is None and _fast_launch_possible(q):
+    if config is None and pack_gqa is None and use_tma is None and fixed_max and _fast_launch_possible(q):
         plan_key = _plan_key(q, k, v, o, lse, causal, scale)
         plan = _PLANS.get(plan_key)
         if plan:                                        # launched before with this key: straight to Triton's C launcher
@@ -397,7 +441,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
     tune_rows, tune_seqlen_k = _bucket(triton.cdiv(B * Hq * Lq, 128), 1, 1024), _bucket(Lk, 16, 8192)
     key = None
     if config is None:
-        key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, str(dtype), str(lse.device))
+        key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, fixed_max, str(dtype), str(lse.device))
         config = _TUNED.get(key)
     kernel, meta = (_attn_fwd_tuned, {}) if config is None else \
         (_attn_fwd, config.all_kwargs())
@@ -405,7 +449,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
     args = [q, k, v, o, lse, *strides[0], *strides[1], *strides[2], *strides[3],
             Hq, Hq // Hkv, Lq, Lk, scale * LOG2E, tune_rows, tune_seqlen_k, _DTYPES.index(dtype)]
     constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, PACK_GQA=pack, DOT_FP32=dot_fp32, USE_TMA=use_tma,
-                     FOLD_SCALE=fold_scale)
+                     FOLD_SCALE=fold_scale, FIXED_MAX=fixed_max)
     timings_before = getattr(_attn_fwd_tuned, "configs_timings", None)
     with torch.cuda.device(lse.device) if lse.is_cuda else contextlib.nullcontext():
         compiled = kernel[grid](*args, **constants, **meta)
@@ -413,7 +457,8 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
         config = _attn_fwd_tuned.best_config
         timings = getattr(_attn_fwd_tuned, "configs_timings", None)
         if timings is not None and timings is not timings_before:   # this call ran the autotuner's benchmark
-            rerun = lambda c: _attention_forward(*tensors, lse, causal, scale, config=c, pack_gqa=pack, use_tma=use_tma)
+            rerun = lambda c: _attention_forward(*tensors, lse, causal, scale, config=c, pack_gqa=pack, use_tma=use_tma,
+                                                 fixed_max=fixed_max)
             config = rerun(_confirm_pick(timings, rerun))   # this call's output is the pick's, as later calls' are
         _TUNED[key] = config
     elif plan_key is not None and compiled is not None and plan_key not in _PLANS:  # the pick, launched by Triton: keep what it did
