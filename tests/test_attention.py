@@ -151,19 +151,21 @@ def test_online_softmax_without_the_fixed_maximum(B, Hq, Hkv, Lq, Lk, D, dtype, 
 
 @pytest.mark.parametrize("dtype, log2_above", [(torch.float16, 20.0), (torch.bfloat16, 140.0)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_scores_far_above_the_first_tiles_maximum(dtype, log2_above, causal):
-    """The maximum is fixed after the first key tile (≤ 128 keys); keys after it here score up to `log2_above` (base 2)
-    higher, past what P holds in this dtype (2^15.9 in fp16, 2^127 in bf16), so P overflows to inf on the fast path
-    and the kernel must notice and redo those blocks online. Causal: early rows never see the big keys (no fallback),
-    later ones do, in the same blocks."""
+def test_scores_far_above_the_fixed_maximum(dtype, log2_above, causal):
+    """Each row's maximum is fixed by the masked tiles at the end of its keys (the last tile; causal: the diagonal),
+    then kept for the tiles before them. Keys 32 … 127 here score up to `log2_above` (base 2) higher than every key
+    from 128 on, past what P holds in this dtype (2^15.9 in fp16, 2^127 in bf16): for every row that sees key 128 or
+    later they lie in the unmasked tiles, so P overflows to inf on the fast path and the kernel must notice and redo
+    those blocks online. Causal: rows before 128 see them in their own diagonal tiles (no overflow), in the same grid."""
     D, L = 64, 240
     u = torch.nn.functional.normalize(torch.randn(D), dim=0)
     q = (torch.randn(1, 2, L, D) * 0.5 + 3 * u).to(dtype).to(DEVICE)
-    ramp = torch.zeros(L); ramp[128:] = torch.linspace(0, 1, L - 128)          # keys 0 … 127 lie in the first tile
-    k = (torch.randn(1, 2, L, D) * 0.5 + ramp[:, None] * u * log2_above * D ** 0.5 / (3 * fwd.LOG2E)).to(dtype).to(DEVICE)
+    boost = torch.zeros(L); boost[32:128] = torch.linspace(0, 1, 96)           # the last tile starts at 128 or later
+    k = (torch.randn(1, 2, L, D) * 0.5 + boost[:, None] * u * log2_above * D ** 0.5 / (3 * fwd.LOG2E)).to(dtype).to(DEVICE)
     v = randn(1, 2, L, D, dtype=dtype)
     scores = (q.double() @ k.double().transpose(-1, -2)) * D ** -0.5 * fwd.LOG2E
-    assert (scores[..., 128:].amax(-1) - scores[..., :128].amax(-1)).max() > {torch.float16: 15.9, torch.bfloat16: 128}[dtype]
+    above = scores[..., 32:128].amax(-1) - scores[..., 128:].amax(-1)
+    assert above[..., 128:].max() > {torch.float16: 15.9, torch.bfloat16: 128}[dtype]   # rows that see key 128 on
     check(q, k, v, causal)
 
 

@@ -43,7 +43,8 @@ def _load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.c
 # %% ../nbs/03_triton_forward.ipynb #21f7675b
 @triton.jit
 def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """Keys [0, full_end) need no mask, [full_end, end) need the element mask; keys from `end` on are never loaded.
+    """Keys [0, full_end) need no mask, [full_end, end) need the element mask; keys from `end` on are never loaded;
+    `fewest`: how many keys the block's earliest query sees (keys 0 … fewest − 1 are seen by every row that sees any).
     `first_pos`, `last_pos`: the smallest and largest query position among the block's rows."""
     if CAUSAL:
         offset = seqlen_k - seqlen_q                          # bottom-right: query i sees keys 0 … i + offset
@@ -53,7 +54,7 @@ def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexp
         fewest = seqlen_k
         most = seqlen_k
     full_end = (fewest // BLOCK_N) * BLOCK_N                  # a partial last tile needs the Lk mask: never "full"
-    return full_end, most
+    return full_end, most, fewest
 
 # %% ../nbs/03_triton_forward.ipynb #4eadd4fb
 @triton.jit
@@ -116,26 +117,19 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
 
 @triton.jit
 def _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                   lo, full_end, end, seqlen_k, diag_offset, qk_scale,
+                   full_end, end, seqlen_k, diag_offset, qk_scale,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,
-                   FIXED_MAX: tl.constexpr):
-    "Keys [lo, end) in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) are at key 0."
-    masked_lo = tl.maximum(full_end, lo)
-    k_full, v_full, k_masked, v_masked = k_ptrs, v_ptrs, k_ptrs, v_ptrs
+                   DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr):
+    "Keys [0, end) online, in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) at key 0."
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                    0, full_end, seqlen_k, diag_offset, qk_scale,
+                                    False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
     if not USE_TMA:
-        k_full += tl.cast(lo, tl.int64) * stride_kn
-        v_full += tl.cast(lo, tl.int64) * stride_vn
-        k_masked += masked_lo.to(tl.int64) * stride_kn
-        v_masked += masked_lo.to(tl.int64) * stride_vn
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_full, v_full, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    lo, full_end, seqlen_k, diag_offset, qk_scale,
-                                    False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
-                                    kv_z, kv_h, USE_TMA, FOLD_SCALE, FIXED_MAX)
-    return _attn_fwd_inner(acc, l_i, m_i, q, k_masked, v_masked, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                           masked_lo, end, seqlen_k, diag_offset, qk_scale,
-                           True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32,
-                           kv_z, kv_h, USE_TMA, FOLD_SCALE, FIXED_MAX)
+        k_ptrs += full_end.to(tl.int64) * stride_kn
+        v_ptrs += full_end.to(tl.int64) * stride_vn
+    return _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                           full_end, end, seqlen_k, diag_offset, qk_scale,
+                           True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
 
 # %% ../nbs/03_triton_forward.ipynb #0e72cbd2
 @triton.jit
@@ -219,28 +213,38 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full_end, end = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+    full_end, end, fewest = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
     diag_offset = seqlen_k - seqlen_q
     kv_z, kv_h = off_z.to(tl.int32), off_hkv.to(tl.int32)
-    lo = 0
-    if FIXED_MAX:        # the first key tile, online; its exact row maximum is each row's maximum from then on
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                        0, tl.minimum(end, BLOCK_N), seqlen_k, diag_offset, qk_scale,
+    if FIXED_MAX:
+        # Online first, masked: the tiles from the one holding key `fewest − 1`, which every row that sees a key sees.
+        # Each row's maximum from them stays fixed for the unmasked tiles before them.
+        online_lo = (tl.maximum(fewest - 1, 0) // BLOCK_N) * BLOCK_N
+        k_online, v_online = k_ptrs, v_ptrs
+        if not USE_TMA:
+            k_online += online_lo.to(tl.int64) * stride_kn
+            v_online += online_lo.to(tl.int64) * stride_vn
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_online, v_online, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                        online_lo, end, seqlen_k, diag_offset, qk_scale,
                                         True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
-        m_i = tl.where(m_i == float("-inf"), 0.0, m_i)   # a row without key 0 sees no key at all: its P stays 0
-        lo = BLOCK_N
-    acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                   lo, full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE, FIXED_MAX)
-    if FIXED_MAX:        # a later score above the fixed maximum by more than P's dtype holds made P, hence acc, inf
+        m_i = tl.where(m_i == float("-inf"), 0.0, m_i)   # a row that saw none of them sees no key at all: P stays 0
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                        0, online_lo, seqlen_k, diag_offset, qk_scale,
+                                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE,
+                                        True)
+        # a score above its row's fixed maximum by more than P's dtype holds made P, hence acc, inf (or NaN)
         finite = (l_i < float("inf")) & (tl.sum(tl.abs(acc), 1) < float("inf"))   # NaN compares false too
         if tl.min(finite.to(tl.int32), 0) == 0:         # then the whole block again, online (rare; exact)
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
             acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                           0, full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D,
-                                           BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE, False)
+                                           full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D,
+                                           BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
+    else:
+        acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                       full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                       DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
 
     o, lse = _normalize_rows(acc, l_i, m_i)
     if USE_TMA:                                         # the descriptor clips rows past Lq and columns past D

@@ -90,7 +90,7 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, seqlen_k)
 
     rows, group_heads, offs_m, first_pos, last_pos = _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M, True)
-    full_end, end = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+    full_end, end, _ = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
     mid = tl.maximum(tl.minimum(full_end, split_hi), split_lo)   # [split_lo, mid): no mask; [mid, hi): masked
     hi = tl.maximum(tl.minimum(end, split_hi), mid)
 
