@@ -297,6 +297,8 @@ def test_tensors_on_two_devices_are_refused():
 def test_numpy_too_new_for_the_interpreter(monkeypatch):
     "Triton 3.6's interpreter fails on NumPy 2.4 (triton#9171): a clear error, not a crash deep in the interpreter."
     monkeypatch.setattr(fwd, "interpreting", lambda: True)
+    interpreted = type("InterpretedFunction", (), {})()        # on a GPU machine Triton's own helpers are not
+    monkeypatch.setattr(fwd, "tl", type("tl", (), dict(cdiv=interpreted)))
     monkeypatch.setattr(fwd.np, "__version__", "2.4.0")
     monkeypatch.setattr(fwd.triton, "__version__", "3.6.0")
     with pytest.raises(RuntimeError, match="numpy<2.4"): fwd._check_interpreter()
