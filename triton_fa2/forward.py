@@ -172,7 +172,7 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PACK_GQA: tl.constexpr,
               DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,    # with USE_TMA, Q, K, V, O are tensor descriptors
-              FIXED_MAX: tl.constexpr):                 # each row's maximum fixed after the first key tile
+              FIXED_MAX: tl.constexpr):                 # each row's maximum fixed by the masked run, run first
     tl.static_assert(BLOCK_D >= HEAD_DIM)
     tl.static_assert(not (USE_TMA and PACK_GQA))
     pid = tl.program_id(0)
