@@ -58,24 +58,20 @@ def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexp
 
 # %% ../nbs/03_triton_forward.ipynb #4eadd4fb
 @triton.jit
-def _mask_scores(qk, cols, offs_m, seqlen_k, diag_offset, CAUSAL: tl.constexpr):
-    "−∞ where a key is past Lk or, when causal, above the diagonal."
-    visible = cols[None, :] < seqlen_k
-    if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
-    return tl.where(visible, qk, float("-inf"))
-
-@triton.jit
 def _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, FOLD_SCALE: tl.constexpr, FIXED_MAX: tl.constexpr = False):
     """Steps 2–4 for one tile of raw scores S = QKᵀ: P (float32), α, the new running max and the new running sum.
-    With FIXED_MAX, m_i is each row's fixed, finite maximum: P = 2^(S·s − m_i), no new maximum, α = 1."""
+    With FIXED_MAX (unmasked tiles only), m_i is each row's fixed, finite maximum: P = 2^(S·s − m_i), α = 1."""
     if FIXED_MAX:
-        if MASKED: p = tl.math.exp2(_mask_scores(qk * qk_scale, cols, offs_m, seqlen_k, diag_offset, CAUSAL) - m_i[:, None])
-        else: p = tl.math.exp2(qk * qk_scale - m_i[:, None])  # one FMA per score
+        tl.static_assert(not MASKED)                         # the kernel runs its masked tiles online
+        p = tl.math.exp2(qk * qk_scale - m_i[:, None])       # one FMA per score, whatever the scale's sign
         return p, tl.full(m_i.shape, 1.0, tl.float32), m_i, l_i + tl.sum(p, 1)
     if MASKED or not FOLD_SCALE:
         qk = qk * qk_scale                                   # base-2 logits
-        if MASKED: qk = _mask_scores(qk, cols, offs_m, seqlen_k, diag_offset, CAUSAL)
+        if MASKED:
+            visible = cols[None, :] < seqlen_k
+            if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
+            qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         if MASKED: m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing: 2^(−∞−0) = 0, not NaN
         else: m_use = m_new
