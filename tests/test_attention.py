@@ -128,8 +128,8 @@ def test_fp16_scores_beyond_fp16_range():
 
 
 @pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", [
-    (2, 3, 3, 17, 17, 64),      # inside one K tile: only the first, online tile
-    (1, 2, 2, 255, 255, 128),   # ragged; full and masked runs after the first tile
+    (2, 3, 3, 17, 17, 64),      # 17 keys: the one-key last tile online, the first fixed; causal: all online (row 0 sees one key)
+    (1, 2, 2, 255, 255, 128),   # ragged: many fixed tiles before the masked, online ones
     (1, 2, 2, 100, 37, 64),     # Lq > Lk: rows that see no key at all
     (1, 8, 2, 33, 65, 64),      # GQA 4:1, odd lengths
 ])
@@ -137,7 +137,7 @@ def test_fp16_scores_beyond_fp16_range():
 @pytest.mark.parametrize("causal", [False, True])
 def test_online_softmax_without_the_fixed_maximum(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
     """`fixed_max=False`: the running maximum on every tile (the kernel's fallback, and what 03 derives) matches
-    float64 too, and the default (the maximum fixed after the first tile) agrees with it to rounding."""
+    float64 too, and the default (each row's maximum fixed by the masked run) agrees with it to rounding."""
     q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
     o = torch.full_like(q, float("nan")); lse = torch.full((B, Hq, Lq), float("nan"), device=q.device)
     _attention_forward(q, k, v, o, lse, causal, D ** -0.5, fixed_max=False)

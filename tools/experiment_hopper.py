@@ -32,12 +32,12 @@ PATHS = [{"use_tma": True, "fixed_max": True}, {"use_tma": False, "fixed_max": T
 
 
 def variant_of(name):
-    """'descriptors', 'pointers' (the kernel as shipped: the maximum fixed after the first key tile), 'descriptors+online'
+    """'descriptors', 'pointers' (the kernel as shipped: each row's maximum fixed by the masked run), 'descriptors+online'
     (the running maximum on every tile), 'descriptors+gemm_only', 'descriptors+fixed_max' (run 7's swap: a maximum fixed
     at 8, right on random inputs only) or 'descriptors+persistent': keyword arguments of _attention_forward."""
     swap = name.removeprefix("descriptors+")
     assert name in ("descriptors", "pointers", "descriptors+online") or swap in SWAPS, name
-    if swap in SWAPS: _swap_softmax(swap)
+    if swap in SWAPS: _swap(swap)
     return {"use_tma": name != "pointers", "fixed_max": name in ("descriptors", "pointers", "descriptors+persistent")}
 
 
@@ -100,18 +100,17 @@ class _PersistentLaunch:
         return launch
 
 
-def _persistent_step(*args): raise AssertionError("not a softmax step")
+def _use_step(step): return lambda fwd: setattr(fwd, "_softmax_step", step)
 
+SWAPS = {"gemm_only": _use_step(_gemm_only_step), "fixed_max": _use_step(_fixed_max_step),   # name → what it replaces
+         "persistent": lambda fwd: setattr(fwd, "_attn_fwd", _PersistentLaunch())}
+SWAP = None           # the swap's name, if any; its answers are checked unless it is gemm_only
 
-SWAPS = {"gemm_only": _gemm_only_step, "fixed_max": _fixed_max_step, "persistent": _persistent_step}
-SWAP = None           # the swapped-in step's name, if any; its answers are checked unless it is gemm_only
-
-def _swap_softmax(name):
-    "Swap `_softmax_step` before anything compiles (the precompiling processes do the same, through the environment)."
+def _swap(name):
+    "Swap the softmax step or the kernel before anything compiles (the precompiling processes do the same, through the environment)."
     global SWAP
     import triton_fa2.forward as fwd
-    if name == "persistent": fwd._attn_fwd = _PersistentLaunch()
-    else: fwd._softmax_step = SWAPS[name]
+    SWAPS[name](fwd)
     SWAP = name
     os.environ["EXPERIMENT_SWAP"] = name
 
@@ -127,7 +126,9 @@ EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-ONLY = []            # --configs: labels to keep (all when empty)
+ONLY = []            # --configs: labels to keep (all when empty), passed to the precompiling processes in the environment
+
+def _read_only(): ONLY[:] = [c.strip() for c in os.environ.get("EXPERIMENT_CONFIGS", "").split(",") if c.strip()]
 
 def _configs():
     if not GPU: return [_INTERPRETER_CONFIG]
@@ -145,8 +146,8 @@ _INPUTS = {}
 def _compile_one(task):
     "A worker's job: one launch of (shape, variant, config index), so that its binary lands in Triton's disk cache."
     (B, H, N, D, causal, dtype), variant, index = task
-    if os.environ.get("EXPERIMENT_SWAP") and not SWAP: _swap_softmax(os.environ["EXPERIMENT_SWAP"])
-    ONLY[:] = [c.strip() for c in os.environ.get("EXPERIMENT_CONFIGS", "").split(",") if c.strip()]
+    if os.environ.get("EXPERIMENT_SWAP") and not SWAP: _swap(os.environ["EXPERIMENT_SWAP"])
+    _read_only()
     if (B, H, N, D, dtype) not in _INPUTS:
         _INPUTS.clear()
         _INPUTS[(B, H, N, D, dtype)] = [torch.randn(B, H, N, D, device="cuda", dtype=DTYPES[dtype]) for _ in range(3)]
@@ -178,6 +179,12 @@ def main(out, seconds, commit, workers=0, shapes=None, variants=None):
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
     rows, writer = [], None
     f = open(out, "w", newline="")
+
+    def emit(row):
+        nonlocal writer
+        rows.append(row)
+        if writer is None: writer = csv.DictWriter(f, list(row)); writer.writeheader()
+        writer.writerow(row); f.flush()
     for (B, H, N, D, causal, dtype), variant in itertools.product(shapes, variants):
         torch.manual_seed(0)
         device = "cuda" if GPU else "cpu"
@@ -198,9 +205,7 @@ def main(out, seconds, commit, workers=0, shapes=None, variants=None):
                     ms = triton.testing.do_bench(yardstick, warmup=10, rep=50, return_mode="median")
                     row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
                 except Exception as e: row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-                rows.append(row)
-                if writer is None: writer = csv.DictWriter(f, list(row)); writer.writeheader()
-                writer.writerow(row); f.flush()
+                emit(row)
                 print(f"({B}, {H}, {N}, {D}) {dtype} {'causal' if causal else 'full'} {name:<40} {row['tflops'] or row['error']} TFLOP/s", flush=True)
         for config in configs:
             if time.time() - start > seconds: print("stopped at the time limit"); f.close(); return rows
@@ -218,9 +223,7 @@ def main(out, seconds, commit, workers=0, shapes=None, variants=None):
                     row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            rows.append(row)
-            if writer is None: writer = csv.DictWriter(f, list(row)); writer.writeheader()
-            writer.writerow(row); f.flush()
+            emit(row)
         mine = rows[-len(configs):]
         best = max((r for r in mine if r["tflops"]), key=lambda r: float(r["tflops"]), default=None)
         print(f"({B}, {H}, {N}, {D}) {dtype} {'causal' if causal else 'full'} {row['variant']:<40} best "
@@ -240,8 +243,8 @@ if __name__ == "__main__":
     ap.add_argument("--shapes", default="", help="indices into SHAPES, e.g. 0,1; default: all")
     ap.add_argument("--configs", default="", help="labels to time, e.g. '64x64 w4 s3,128x64 w4 s2'; default: all")
     a = ap.parse_args()
-    ONLY[:] = [c.strip() for c in a.configs.split(",") if c.strip()]
-    if ONLY: os.environ["EXPERIMENT_CONFIGS"] = a.configs     # the precompiling processes filter the same way
+    os.environ["EXPERIMENT_CONFIGS"] = a.configs
+    _read_only()
     swapped = [p for p in a.paths.split(",") if p.removeprefix("descriptors+") in SWAPS]
     assert not swapped or a.paths == swapped[0], "a swapped softmax step applies to the whole process: run it alone"
     variants = [variant_of(p) for p in a.paths.split(",")]
