@@ -1,6 +1,7 @@
 """The benchmark harness (`triton_fa2.bench`): workload selection, the reference check that gates timing, skip
 reasons, the CSV format and merge, and the CLI's CPU mode (correctness only, no CSV unless asked)."""
 import csv
+import re
 import subprocess
 import sys
 
@@ -81,6 +82,7 @@ def test_csv_merge_and_reading(tmp_path):
     assert lines[0] == ",".join(COLUMNS + EXTRA_COLUMNS) and len(lines) == 1 + 3
     back = list(csv.DictReader(path.open()))
     assert all(r["commit"] == "abc123" and r["gpu"] and r["date"] and r["torch"] and r["triton"] for r in back)
+    assert [bool(re.fullmatch(r"\d+x\d+ w\d+ s\d+", r["config"])) for r in back] == [r["provider"] == "triton_fa2" for r in back]
     df = load_results(path)
     assert df.batch.dtype.kind == "i" and df.max_err.dtype.kind == "f"
     assert money_shot_table(df).empty                                                   # no money shot measured here

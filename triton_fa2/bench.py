@@ -8,8 +8,8 @@ Docs: https://triton-fa2.github.io/triton_fa2/benchmarks.html.md"""
 __all__ = ['MONEY_SHOT', 'GQA_PREFILL', 'DECODE', 'CPU_WORKLOADS', 'WORKLOAD_SETS', 'NAIVE_MAX_SCORE_BYTES', 'PROVIDERS',
            'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'MAX_ERROR', 'GRAPH_BELOW_MS', 'L2_BYTES', 'NUMERIC',
            'HERO_PROVIDERS', 'main', 'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'sampled_reference',
-           'sampled_error', 'measure', 'run_config', 'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows',
-           'load_results', 'money_shot_table', 'markdown_table', 'plot_hero', 'prefill_speedups',
+           'sampled_error', 'tuned_config', 'measure', 'run_config', 'copy_ceiling_tbps', 'providers_for', 'run_sweep',
+           'write_rows', 'load_results', 'money_shot_table', 'markdown_table', 'plot_hero', 'prefill_speedups',
            'plot_speedup_heatmap', 'plot_decode', 'summary_markdown']
 
 # %% ../nbs/07_benchmarks.ipynb #fa7266d5
@@ -28,7 +28,7 @@ import triton
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from .causal import attention_flops, causal_pairs
-from .forward import attention
+from .forward import attention, warmup, _shape
 from .naive import attention_ref
 from .split_kv import decode
 
@@ -177,7 +177,7 @@ FLEX_DEFAULT_WORKLOADS = [MONEY_SHOT, Workload("prefill", 1, 32, 32, 16384, 1638
 # %% ../nbs/07_benchmarks.ipynb #c06b6b1b
 COLUMNS = ["provider", "op", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal",
            "ms", "tflops", "tbps", "gpu", "torch", "triton", "commit", "date"]
-EXTRA_COLUMNS = ["ms_graph", "max_err", "peak_mem_mb", "copy_tbps", "skip_reason"]
+EXTRA_COLUMNS = ["ms_graph", "max_err", "peak_mem_mb", "copy_tbps", "skip_reason", "config"]
 MAX_ERROR = 2e-2
 GRAPH_BELOW_MS = 1.0           # also time calls shorter than this in a CUDA graph, where the host's launch cost vanishes
 L2_BYTES = 50 * 2**20          # the H200's L2; rotate inputs smaller than twice this
@@ -196,6 +196,11 @@ def sampled_error(w:Workload, o, q, k, v, refs:dict=None) -> float:
         diff = (o[b:b+1, h:h+1].float() - ref).abs().max().item()
         err = max(err, diff / max(1.0, ref.abs().max().item()) if math.isfinite(diff) else math.inf)
     return err
+
+def tuned_config(w:Workload, q, k, v) -> str:
+    "The tile config our autotuner picked for this prefill in this process, e.g. '64x64 w4 s3' (BLOCK_M×BLOCK_N, warps, stages)."
+    m, n, warps, stages = _shape(warmup(q, k, v, causal=w.causal))   # the key is tuned already: a dictionary lookup
+    return f"{m}x{n} w{warps} s{stages}"
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
     row = dict.fromkeys(COLUMNS + EXTRA_COLUMNS, "")      # the CSV's column order
@@ -227,6 +232,8 @@ def measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None
     except torch.cuda.OutOfMemoryError:
         return _row(w, provider, meta, skip_reason="out of GPU memory")
     err = sampled_error(w, o, q, k, v, refs)
+    if provider == "triton_fa2" and w.op == "prefill":       # which config ran: the autotuner's pick can differ between runs
+        meta = dict(meta, config=tuned_config(w, q, k, v))
     if not err <= MAX_ERROR:
         return _row(w, provider, meta, max_err=f"{err:.2e}", skip_reason=f"wrong result: max error {err:.2e} > {MAX_ERROR}")
     if not q.is_cuda:
