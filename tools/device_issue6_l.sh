@@ -8,6 +8,7 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+python3 tools/precompile.py --workers 15 2>&1 | grep -v Warning   # a fresh machine: fill Triton's cache in parallel first
 timeout 90 python3 tools/diag_clocks.py --seconds 4 --out $OUT/clocks.csv 2>&1 | grep -v Warn | tee $OUT/clocks.log
 timeout 240 python3 tools/diag_pick_stability.py --runs 3 --confirm graph,bench --shapes "8,2048,bf16;32,2048,fp16" \
   2>&1 | tee $OUT/pick_stability.log
