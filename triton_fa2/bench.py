@@ -199,7 +199,7 @@ def sampled_error(w:Workload, o, q, k, v, refs:dict=None) -> float:
 
 def tuned_config(w:Workload, q, k, v) -> str:
     "The tile config our autotuner picked for this prefill in this process, e.g. '64x64 w4 s3' (BLOCK_M×BLOCK_N, warps, stages)."
-    m, n, warps, stages = _shape(warmup(q, k, v, causal=w.causal))   # the key is tuned already: a dictionary lookup
+    m, n, warps, stages = _shape(warmup(q, k, v, causal=w.causal))   # tuned already: warmup finds the pick (and runs it once)
     return f"{m}x{n} w{warps} s{stages}"
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
