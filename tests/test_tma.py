@@ -103,15 +103,22 @@ def test_gpu_both_tile_sources_with_every_candidate(use_tma, causal, dtype):
 
 
 
-def test_close_autotune_timings_are_confirmed(monkeypatch):
+@pytest.mark.parametrize("best_ms, timer", [(1.0, "_eager_ms"),    # a long call: timed as users call it (L2 cleared)
+                                             (0.02, "_graph_ms")])  # a short one: in CUDA graphs, without the host's cost
+def test_close_autotune_timings_are_confirmed(monkeypatch, best_ms, timer):
     "Candidates within 5% of the best are timed again, alternating; the lowest median of those wins, the others never run."
     a, b, c, d = (fwd.triton.Config(dict(BLOCK_M=m, BLOCK_N=16)) for m in (16, 32, 64, 128))
-    timings = {a: [1.00, 0.9, 1.1], b: [1.02, 0.9, 1.1], c: [1.04, 0.9, 1.1], d: [1.30, 1.2, 1.4]}  # d: 30% slower
+    timings = {x: [best_ms * f, 0.9 * best_ms, 1.1 * best_ms] for x, f in ((a, 1.00), (b, 1.02), (c, 1.04), (d, 1.30))}  # d: 30% slower
     true_ms = {a: 1.03, b: 0.97, c: 1.01, d: 0.5}
-    ran = []
-    monkeypatch.setattr(fwd, "_graph_ms", lambda fn, rep=10, quantiles=None: (fn(), true_ms[ran[-1]])[1])
+    ran, used = [], []
+    def stand_in(name):
+        def time(fn, rep=10, quantiles=None): used.append(name); fn(); return true_ms[ran[-1]]
+        return time
+    monkeypatch.setattr(fwd, "_graph_ms", stand_in("_graph_ms"))
+    monkeypatch.setattr(fwd, "_eager_ms", stand_in("_eager_ms"))
     assert fwd._confirm_pick(timings, ran.append) is b
     assert set(ran) == {a, b, c} and ran[:3] == [a, b, c]            # alternating, never the far one
+    assert set(used) == {timer} and len(used) == 15                   # 5 rounds of 3, all with the timer for this length
     assert fwd._confirm_pick({a: [1.0], d: [1.3]}, ran.append) is a   # nothing close: the autotuner's pick, untimed
 
 
