@@ -307,6 +307,7 @@ def _bench_candidate(fn, quantiles):
     cost (70–90 µs on the H200 machine against 9 µs of kernel), which ranks configs by noise."""
     return _graph_ms(fn, quantiles=quantiles)
 
+_MAX_TUNE_ROWS = 2**17   # 128-row blocks: up to (32, 32, 16384), calls 1000× apart in length keep apart picks
 _LONG_CALL_MS = 0.2   # from here up a call's host launch cost hides behind the GPU's queue, so eager timing is fair
 
 def _eager_ms(fn, rep:int=25):
@@ -448,7 +449,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
     rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack else (Lq, Hq)
     grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]) * B * grid_heads,)
     block_d = max(triton.next_power_of_2(D), 16)
-    tune_rows, tune_seqlen_k = _bucket(triton.cdiv(B * Hq * Lq, 128), 1, 1024), _bucket(Lk, 16, 8192)
+    tune_rows, tune_seqlen_k = _bucket(triton.cdiv(B * Hq * Lq, 128), 1, _MAX_TUNE_ROWS), _bucket(Lk, 16, 8192)
     key = None
     if config is None:
         key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, fixed_max, str(dtype), str(lse.device))
