@@ -491,16 +491,17 @@ def summary_markdown(df, reference:str="sdpa_flash") -> str:
     speed, gpu = prefill_speedups(df, reference), prefill_speedups(df, reference, "gpu_ms")
     cudnn, gpu_cudnn = prefill_speedups(df, "sdpa_cudnn"), prefill_speedups(df, "sdpa_cudnn", "gpu_ms")
     def shape(i): return f"B={i[0]}, N={i[1]}, D={i[2]}, {i[3]}, {'causal' if i[4] else 'full'}"
+    def slower(s): n = int((s < 1).sum()); return f"{n} shape{'' if n == 1 else 's'} slower than FA2"
     if len(speed):
         line = (f"**Prefill grid** ({len(speed)} shapes both ran), eager Python calls: geometric-mean speedup over FA2 "
                 f"{_geomean(speed.values):.2f}×, lowest {speed.min():.2f}× ({shape(speed.idxmin())}), highest {speed.max():.2f}×; "
-                f"{int((speed < 1).sum())} shapes slower than FA2")
+                f"{slower(speed)}")
         if len(cudnn): line += f"; {_geomean(cudnn.values):.2f}× cuDNN's speed (geometric mean)"
         out.append(line + ".")
         if not gpu.equals(speed):
             line = (f"GPU time alone (every call under {GRAPH_BELOW_MS:g} ms replayed in a CUDA graph, where the host's launch "
                     f"cost drops out): {_geomean(gpu.values):.2f}× FA2, lowest {gpu.min():.2f}× ({shape(gpu.idxmin())}), "
-                    f"{int((gpu < 1).sum())} shapes slower than FA2")
+                    f"{slower(gpu)}")
             if len(gpu_cudnn): line += f"; {_geomean(gpu_cudnn.values):.2f}× cuDNN's speed"
             out.append(line + ".")
     dec = df[(df.op == "decode")].dropna(subset=["ms"])
