@@ -339,6 +339,10 @@ def _bucket(n:int, lo:int, hi:int) -> int:
     "The power of two at or above n, clamped to [lo, hi]: one autotune key for many lengths."
     return min(max(triton.next_power_of_2(max(n, 1)), lo), hi)
 
+def _tune_buckets(rows:int, seqlen_k:int) -> tuple:
+    "The key's two lengths: 128-row Q blocks over all heads (how full the GPU is, how long a call runs) and Lk."
+    return _bucket(triton.cdiv(rows, 128), 1, _MAX_TUNE_ROWS), _bucket(seqlen_k, 16, 8192)
+
 # %% ../nbs/03_triton_forward.ipynb #25f30695
 _DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -449,7 +453,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
     rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack else (Lq, Hq)
     grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]) * B * grid_heads,)
     block_d = max(triton.next_power_of_2(D), 16)
-    tune_rows, tune_seqlen_k = _bucket(triton.cdiv(B * Hq * Lq, 128), 1, _MAX_TUNE_ROWS), _bucket(Lk, 16, 8192)
+    tune_rows, tune_seqlen_k = _tune_buckets(B * Hq * Lq, Lk)
     key = None
     if config is None:
         key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, fixed_max, str(dtype), str(lse.device))
