@@ -122,6 +122,15 @@ def test_close_autotune_timings_are_confirmed(monkeypatch, best_ms, timer):
     assert fwd._confirm_pick({a: [1.0], d: [1.3]}, ran.append) is a   # nothing close: the autotuner's pick, untimed
 
 
+def test_eager_confirmation_falls_back_to_graphs_without_memory(monkeypatch):
+    "do_bench allocates 256 MB to clear L2; a first call on a nearly full GPU must still autotune, not fail."
+    def no_memory(*args, **kwargs): raise fwd.torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(fwd.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(fwd.triton.testing, "do_bench", no_memory)
+    monkeypatch.setattr(fwd, "_graph_ms", lambda fn, rep=10, quantiles=None: 0.5)
+    assert fwd._eager_ms(lambda: None) == 0.5
+
+
 def test_the_autotuner_keys_on_the_dtype():
     "Triton adds tensors' dtypes to the key, but descriptors have none: fp16 and bf16 would share one pick without tune_dtype."
     assert "tune_dtype" in fwd._attn_fwd_tuned.keys and "tune_dtype" in fwd._ATTN_FWD_ARGS
