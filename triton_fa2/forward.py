@@ -307,7 +307,6 @@ def _bench_candidate(fn, quantiles):
     cost (70–90 µs on the H200 machine against 9 µs of kernel), which ranks configs by noise."""
     return _graph_ms(fn, quantiles=quantiles)
 
-_MAX_TUNE_ROWS = 2**17   # 128-row blocks: up to (32, 32, 16384), calls 1000× apart in length keep apart picks
 _LONG_CALL_MS = 0.2   # from here up a call's host launch cost hides behind the GPU's queue, so eager timing is fair
 
 def _eager_ms(fn, rep:int=25):
@@ -339,6 +338,8 @@ _attn_fwd_tuned = triton.autotune(
 def _bucket(n:int, lo:int, hi:int) -> int:
     "The power of two at or above n, clamped to [lo, hi]: one autotune key for many lengths."
     return min(max(triton.next_power_of_2(max(n, 1)), lo), hi)
+
+_MAX_TUNE_ROWS = 2**17   # 128-row blocks, reached at (32, 32, 16384): calls a hundred times apart in length key apart
 
 def _tune_buckets(rows:int, seqlen_k:int) -> tuple:
     "The key's two lengths: 128-row Q blocks over all heads (how full the GPU is, how long a call runs) and Lk."
