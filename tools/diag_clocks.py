@@ -22,7 +22,13 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--out", default="clocks.csv")
+    ap.add_argument("--swap", default="", help="an experiment_hopper swap of our softmax step (e.g. poly_exp_1of8), applied first")
     a = ap.parse_args()
+    if a.swap:
+        import os, sys
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import experiment_hopper
+        experiment_hopper._swap(a.swap)
     q, k, v = (torch.randn(8, 32, 2048, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     providers = {"triton_fa2": lambda q, k, v: triton_fa2.attention(q, k, v, causal=True),
                  "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
@@ -58,5 +64,5 @@ if __name__ == "__main__":
         inside = [s for s in samples if t0 + 0.5 <= s[0] <= t1]                  # skip the first half second
         clock = statistics.median(s[1] for s in inside) if inside else float("nan")
         power = statistics.median(s[2] for s in inside) if inside else float("nan")
-        print(f"{name:<11} round {rnd}: {ms:.4f} ms/call = {flops / ms / 1e9:.0f} TFLOP/s, "
+        print(f"{name + ('+' + a.swap if a.swap and name == 'triton_fa2' else ''):<11} round {rnd}: {ms:.4f} ms/call = {flops / ms / 1e9:.0f} TFLOP/s, "
               f"SM clock {clock:.0f} MHz, power {power:.0f} W ({len(inside)} samples)", flush=True)

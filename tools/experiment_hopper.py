@@ -20,7 +20,7 @@ import torch, triton
 import triton.language as tl
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton_fa2.forward import _INTERPRETER_CONFIG, _attention_forward, _gpu_configs, _shape
+from triton_fa2.forward import _INTERPRETER_CONFIG, _attention_forward, _gpu_configs, _shape, _softmax_step
 from triton_fa2.naive import attention_ref
 
 GPU = torch.cuda.is_available()      # without one: a smoke test of this script on tiny shapes in the interpreter
@@ -38,7 +38,8 @@ def variant_of(name):
     swap = name.removeprefix("descriptors+")
     assert name in ("descriptors", "pointers", "descriptors+online") or swap in SWAPS, name
     if swap in SWAPS: _swap(swap)
-    return {"use_tma": name != "pointers", "fixed_max": name in ("descriptors", "pointers", "descriptors+persistent")}
+    return {"use_tma": name != "pointers",
+            "fixed_max": name in ("descriptors", "pointers", "descriptors+persistent") or swap.startswith("poly_exp")}
 
 
 @triton.jit
@@ -59,6 +60,75 @@ def _fixed_max_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
         qk = tl.where(visible, qk, float("-inf"))
     p = tl.math.exp2(qk * qk_scale - 8.0)
     return p, tl.full(m_i.shape, 1.0, tl.float32), m_i, l_i + tl.sum(p, 1)
+
+
+@triton.jit
+def _exp2_fma(x):
+    """2^x on the FMA and integer pipes instead of the special-function unit (FA4's trick): x = n + f with n an integer and
+    |f| ≤ ½ (adding 1.5·2²³ rounds x into the low mantissa bits of t), 2^f by a degree-3 polynomial (relative error
+    7.5e-5, Lawson-fitted on [−½, ½]), n added to its exponent bits. Clamped to [−126, 129]: below −126 it returns about
+    2^−126 (n = −127 would borrow from the sign bit), nothing beside the row maximum's 1; from 128 on it returns inf or NaN,
+    never a finite number, so the kernel's overflow check still sees it; NaN goes to 129 (min returns the number), so a
+    NaN score is still caught and redone online."""
+    x = tl.maximum(tl.minimum(x, 129.0), -126.0)
+    t = x + 12582912.0
+    f = x - (t - 12582912.0)
+    p = ((0.05517166853 * f + 0.24261114001) * f + 0.69326096773) * f + 0.99992805719
+    return ((t.to(tl.uint32, bitcast=True) << 23) + p.to(tl.uint32, bitcast=True)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_columns(x):
+    "A (rows, cols) tile as its left and right halves of columns (registers only in the wgmma layout, as in Triton's tutorial)."
+    rows: tl.constexpr = x.shape[0]
+    cols: tl.constexpr = x.shape[1]
+    return x.reshape([rows, 2, cols // 2]).permute(0, 2, 1).split()
+
+
+@triton.jit
+def _join_columns(left, right):
+    rows: tl.constexpr = left.shape[0]
+    cols: tl.constexpr = left.shape[1]
+    return tl.join(left, right).permute(0, 2, 1).reshape([rows, 2 * cols])
+
+
+@triton.jit
+def _exp2_mixed(x, FMA_EIGHTHS: tl.constexpr):
+    "2^x with FMA_EIGHTHS/8 of the columns (4, 2 or 1) on the FMA pipe (`_exp2_fma`), the rest on MUFU.EX2."
+    left, right = _split_columns(x)
+    if FMA_EIGHTHS == 4:
+        right = _exp2_fma(right)
+    else:
+        right_left, right_right = _split_columns(right)
+        if FMA_EIGHTHS == 2:
+            right_right = _exp2_fma(right_right)
+        else:
+            tl.static_assert(FMA_EIGHTHS == 1)
+            rr_left, rr_right = _split_columns(right_right)
+            right_right = _join_columns(tl.math.exp2(rr_left), _exp2_fma(rr_right))
+        right = _join_columns(tl.math.exp2(right_left), right_right)
+    return _join_columns(tl.math.exp2(left), right)
+
+
+_shipped_step = _softmax_step                  # forward's own, kept before any swap replaces it
+POLY_FMA_EIGHTHS = tl.constexpr(2)             # set by the poly_exp swaps (one per process) before anything compiles
+
+
+@triton.jit
+def _poly_exp_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, FOLD_SCALE: tl.constexpr, FIXED_MAX: tl.constexpr = False):
+    "The shipped softmax step with POLY_FMA_EIGHTHS/8 of the unmasked tiles' exponentials on the FMA pipe; masked tiles unchanged."
+    if FIXED_MAX:
+        p = _exp2_mixed(qk * qk_scale - m_i[:, None], POLY_FMA_EIGHTHS)
+        return p, tl.full(m_i.shape, 1.0, tl.float32), m_i, l_i + tl.sum(p, 1)
+    return _shipped_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL, FOLD_SCALE, FIXED_MAX)
+
+
+def _use_poly_exp(fma_eighths):
+    def swap(fwd):
+        globals()["POLY_FMA_EIGHTHS"] = tl.constexpr(fma_eighths)
+        fwd._softmax_step = _poly_exp_step
+    return swap
 
 
 def _persistent_kernel():
@@ -103,7 +173,8 @@ class _PersistentLaunch:
 def _use_step(step): return lambda fwd: setattr(fwd, "_softmax_step", step)
 
 SWAPS = {"gemm_only": _use_step(_gemm_only_step), "fixed_max": _use_step(_fixed_max_step),   # name → what it replaces
-         "persistent": lambda fwd: setattr(fwd, "_attn_fwd", _PersistentLaunch())}
+         "persistent": lambda fwd: setattr(fwd, "_attn_fwd", _PersistentLaunch()),
+         **{f"poly_exp_{k}of8": _use_poly_exp(k) for k in (1, 2, 4)}}
 SWAP = None           # the swap's name, if any; its answers are checked unless it is gemm_only
 
 def _swap(name):
@@ -217,7 +288,7 @@ def main(out, seconds, commit, workers=0, shapes=None, variants=None):
                 if GPU: torch.cuda.synchronize()
                 err = (o.float() - ref.float()).abs().max().item()
                 row["max_err"] = f"{err:.2e}"
-                if not err <= (5e-2 if SWAP else 2e-2) and SWAP != "gemm_only": row["error"] = "wrong result"
+                if not err <= (5e-2 if SWAP and not SWAP.startswith("poly_exp") else 2e-2) and SWAP != "gemm_only": row["error"] = "wrong result"
                 elif GPU:
                     ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
                     row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
