@@ -61,7 +61,7 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
 @gluon.jit
 def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale, one,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                    CAUSAL: gl.constexpr, Q_IN_REGS: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     pid = gl.program_id(0)
     num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
@@ -115,7 +115,10 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num
         _issue_load(k_desc, off_z, off_hkv, row, k_bars, k_smem, i, i < n_loads)
         _issue_load(v_desc, off_z, off_hkv, row, v_bars, v_smem, i, i < n_loads)
     mbarrier.wait(q_bar, 0)
-    q = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    if Q_IN_REGS:   # QKᵀ's A operand from registers: its wgmma then reads only K from shared memory
+        q = q_smem.reshape([BLOCK_M, HEAD_DIM]).load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    else:
+        q = q_smem.reshape([BLOCK_M, HEAD_DIM])
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows_s)
@@ -188,7 +191,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, compile_only=None):
+def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, q_in_regs=False, compile_only=None):
     "q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D); returns (o, lse). compile_only: a GPUTarget, to compile without launching."
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
@@ -202,7 +205,7 @@ def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, S
         descs.append(TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout))
     grid = (triton.cdiv(Lq, BLOCK_M) * B * H,)
     args = (*descs, lse, Lq, Lk, H, H // k.shape[1], scale * 1.4426950408889634, 7)
-    kwargs = dict(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal, num_warps=num_warps)
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal, Q_IN_REGS=q_in_regs, num_warps=num_warps)
     if compile_only is not None: return _compile(_attn_fwd_gluon, args, kwargs, compile_only)
     _attn_fwd_gluon[grid](*args, **kwargs)
     return o, lse
@@ -243,7 +246,7 @@ def gpu_check_and_time(configs, out):
     checks = [(1, 2, 17, 64, True), (2, 4, 1000, 128, True), (2, 4, 1000, 128, False), (1, 2, 300, 128, True, 700),
               (1, 2, 700, 64, True, 300), (2, 8, 2048, 128, True), (1, 1, 1, 128, False), (2, 4, 4096, 64, True)]
     for cfg in configs:
-        bm, bn, st, nw = cfg
+        bm, bn, st, nw, *qr = cfg
         for dtype in (torch.bfloat16, torch.float16):
             for B, H, Lq, D, causal, *lk in checks:
                 Lk = lk[0] if lk else Lq
@@ -251,7 +254,7 @@ def gpu_check_and_time(configs, out):
                 q = torch.randn(B, H, Lq, D, device="cuda", dtype=dtype)
                 k, v = (torch.randn(B, H, Lk, D, device="cuda", dtype=dtype) for _ in range(2))
                 try:
-                    o, lse = attention_gluon(q, k, v, causal, BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw)
+                    o, lse = attention_gluon(q, k, v, causal, BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]))
                     ref, ref_lse = _reference(q, k, v, causal, D ** -0.5)
                     err = (o.float() - ref).abs().max().item()
                     seen = torch.isfinite(ref_lse)
@@ -279,7 +282,7 @@ def gpu_check_and_time(configs, out):
         runs = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "triton_fa2": lambda: triton_fa2.attention(q, k, v, causal=causal)}
         for cfg in configs:
-            runs["gluon " + "x".join(map(str, cfg))] = (lambda cfg=cfg: attention_gluon(q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3]))
+            runs["gluon " + "x".join(map(str, cfg))] = (lambda cfg=cfg: attention_gluon(q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4])))
         for name, fn in runs.items():
             try:
                 fn(); torch.cuda.synchronize()
@@ -305,14 +308,14 @@ if __name__ == "__main__":
     ap.add_argument("--configs", default="64,64,3,4;64,64,2,4;64,128,2,4;128,64,2,8;128,64,3,8")
     ap.add_argument("--out", default="gluon_attention.csv")
     a = ap.parse_args()
-    bm, bn, st, nw = (int(x) for x in a.config.split(","))
+    bm, bn, st, nw, *qr = (int(x) for x in a.config.split(","))
     B, H, N, D = (int(x) for x in a.shape.split(","))
     if a.compile:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from triton.backends.compiler import GPUTarget
         import compile_sm90
         q, k, v = (torch.empty(B, H, N, D, dtype=torch.bfloat16) for _ in range(3))
-        kern = attention_gluon(q, k, v, bool(a.causal), BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw,
+        kern = attention_gluon(q, k, v, bool(a.causal), BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]),
                                compile_only=GPUTarget("cuda", 90, 32))
         print(a.config, compile_sm90.summary(kern))
         print(compile_sm90.sass_sequence(kern))
