@@ -61,7 +61,7 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
 @gluon.jit
 def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale, one,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    CAUSAL: gl.constexpr, Q_IN_REGS: gl.constexpr, num_warps: gl.constexpr):
+                    CAUSAL: gl.constexpr, Q_IN_REGS: gl.constexpr, OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     pid = gl.program_id(0)
     num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
@@ -160,10 +160,19 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num
             l_i = l_i + gl.sum(p, 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
-            s, p_prev = warpgroup_mma_wait(1, deps=(s_tok, p_prev))     # all but PV(t): QKᵀ(t+1), PV(t−1)
-            p_prev = p16
-            _issue_load(v_desc, off_z, off_hkv, (t - 1 + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
-                        t - 1 + STAGES, (step >= 1) & (t - 1 + STAGES < n_loads))   # V's slot t − 1: PV(t−1) is done
+            if OVERLAP_PV:   # PV(t) left running into softmax(t+1): UNSAFE, see below
+                s, p_prev = warpgroup_mma_wait(1, deps=(s_tok, p_prev))     # all but PV(t): QKᵀ(t+1), PV(t−1)
+                p_prev = p16
+                _issue_load(v_desc, off_z, off_hkv, (t - 1 + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
+                            t - 1 + STAGES, (step >= 1) & (t - 1 + STAGES < n_loads))   # V's slot t − 1: PV(t−1) is done
+            else:
+                # PV(t) retired before softmax(t+1) writes P(t+1): the deps keep P(t)'s registers only in LLVM; in
+                # the PTX they appear in a comment, so ptxas sees them dead after PV(t)'s issue and reuses them for
+                # the next softmax while the tensor cores still read them (the NaN of runs 12 and 13).
+                s, acc_now, p16 = warpgroup_mma_wait(0, deps=(s_tok, acc_tok, p16))
+                acc_tok = warpgroup_mma_init(acc_now)
+                _issue_load(v_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
+                            t + STAGES, t + STAGES < n_loads)                   # V's slot t: PV(t) is done
         t_last = n_online + n_fixed - 1
         p = gl.exp2(s * qk_scale - m_fixed)
         l_i = l_i + gl.sum(p, 1)
@@ -191,7 +200,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, q_in_regs=False, compile_only=None):
+def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, q_in_regs=False, overlap_pv=False, compile_only=None):
     "q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D); returns (o, lse). compile_only: a GPUTarget, to compile without launching."
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
@@ -205,7 +214,7 @@ def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, S
         descs.append(TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout))
     grid = (triton.cdiv(Lq, BLOCK_M) * B * H,)
     args = (*descs, lse, Lq, Lk, H, H // k.shape[1], scale * 1.4426950408889634, 7)
-    kwargs = dict(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal, Q_IN_REGS=q_in_regs, num_warps=num_warps)
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal, Q_IN_REGS=q_in_regs, OVERLAP_PV=overlap_pv, num_warps=num_warps)
     if compile_only is not None: return _compile(_attn_fwd_gluon, args, kwargs, compile_only)
     _attn_fwd_gluon[grid](*args, **kwargs)
     return o, lse
@@ -236,7 +245,7 @@ def _reference(q, k, v, causal, scale):
     return torch.nan_to_num(torch.softmax(s, -1)) @ vf, lse
 
 
-def gpu_check_and_time(configs, out):
+def gpu_check_and_time(configs, out, commit="unknown", overlap_pv=False):
     "Every config on odd shapes against float32 (poisoned outputs), then the timing shapes against the shipped kernel."
     import csv, datetime
     import torch.nn.functional as F
@@ -244,7 +253,8 @@ def gpu_check_and_time(configs, out):
     import triton_fa2
     rows, ok_all = [], True
     checks = [(1, 2, 17, 64, True), (2, 4, 1000, 128, True), (2, 4, 1000, 128, False), (1, 2, 300, 128, True, 700),
-              (1, 2, 700, 64, True, 300), (2, 8, 2048, 128, True), (1, 1, 1, 128, False), (2, 4, 4096, 64, True)]
+              (1, 2, 700, 64, True, 300), (2, 8, 2048, 128, True), (1, 1, 1, 128, False)] + [(2, 4, 4096, 64, True)] * 3 \
+             + [(4, 8, 4096, 128, True), (8, 32, 2048, 64, True)]          # long rows, repeated: races show there
     for cfg in configs:
         bm, bn, st, nw, *qr = cfg
         for dtype in (torch.bfloat16, torch.float16):
@@ -254,7 +264,8 @@ def gpu_check_and_time(configs, out):
                 q = torch.randn(B, H, Lq, D, device="cuda", dtype=dtype)
                 k, v = (torch.randn(B, H, Lk, D, device="cuda", dtype=dtype) for _ in range(2))
                 try:
-                    o, lse = attention_gluon(q, k, v, causal, BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]))
+                    o, lse = attention_gluon(q, k, v, causal, BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]),
+                                             overlap_pv=overlap_pv)
                     ref, ref_lse = _reference(q, k, v, causal, D ** -0.5)
                     err = (o.float() - ref).abs().max().item()
                     seen = torch.isfinite(ref_lse)
@@ -267,7 +278,7 @@ def gpu_check_and_time(configs, out):
                 if not good: print(f"   WRONG {cfg} {dtype} {(B, H, Lq, Lk, D, causal)} err {err:.3e} lse {lse_err:.3e}", flush=True)
         print(f"checked {cfg}", flush=True)
     print("ALL CHECKS PASSED" if ok_all else "SOME CHECKS FAILED", flush=True)
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=commit,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
     shapes = [(8, 32, 2048, 128, True, torch.bfloat16), (8, 32, 2048, 128, False, torch.bfloat16),
               (8, 32, 2048, 64, True, torch.bfloat16), (8, 32, 2048, 128, True, torch.float16),
@@ -282,19 +293,22 @@ def gpu_check_and_time(configs, out):
         runs = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "triton_fa2": lambda: triton_fa2.attention(q, k, v, causal=causal)}
         for cfg in configs:
-            runs["gluon " + "x".join(map(str, cfg))] = (lambda cfg=cfg: attention_gluon(q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4])))
+            runs["gluon " + "x".join(map(str, cfg)) + (" overlap_pv" if overlap_pv else "")] = (lambda cfg=cfg: attention_gluon(q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4]), overlap_pv=overlap_pv))
         for name, fn in runs.items():
             try:
                 fn(); torch.cuda.synchronize()
                 ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                torch.cuda.synchronize()
+                ms_graph = triton.testing.do_bench_cudagraph(fn, rep=100)   # GPU time: no host launch cost in it
                 row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=str(dtype).split(".")[-1], provider=name,
-                           ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", **meta)
+                           ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", ms_graph=f"{ms_graph:.4f}", **meta)
             except Exception as e:
                 row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=str(dtype).split(".")[-1], provider=name,
-                           ms="", tflops="", **meta)
+                           ms="", tflops="", ms_graph="", **meta)
                 print("   error", name, type(e).__name__, str(e)[:200], flush=True)
             rows.append(row)
-            print(f"({B}, {H}, {N}, {D}) {row['dtype']} {'causal' if causal else 'full'} {name:<20} {row['tflops']} TFLOP/s", flush=True)
+            print(f"({B}, {H}, {N}, {D}) {row['dtype']} {'causal' if causal else 'full'} {name:<32} {row['tflops']} TFLOP/s"
+                  f"  (graph {row['ms_graph']} ms)", flush=True)
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, list(rows[0])); w.writeheader(); w.writerows(rows)
 
@@ -304,9 +318,9 @@ if __name__ == "__main__":
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--config", default="64,64,3,4", help="BLOCK_M,BLOCK_N,STAGES,num_warps")
     ap.add_argument("--shape", default="8,32,2048,128")
-    ap.add_argument("--causal", type=int, default=1)
+    ap.add_argument("--causal", type=int, default=1); ap.add_argument("--overlap-pv", type=int, default=0)
     ap.add_argument("--configs", default="64,64,3,4;64,64,2,4;64,128,2,4;128,64,2,8;128,64,3,8")
-    ap.add_argument("--out", default="gluon_attention.csv")
+    ap.add_argument("--out", default="gluon_attention.csv"); ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
     bm, bn, st, nw, *qr = (int(x) for x in a.config.split(","))
     B, H, N, D = (int(x) for x in a.shape.split(","))
@@ -315,11 +329,11 @@ if __name__ == "__main__":
         from triton.backends.compiler import GPUTarget
         import compile_sm90
         q, k, v = (torch.empty(B, H, N, D, dtype=torch.bfloat16) for _ in range(3))
-        kern = attention_gluon(q, k, v, bool(a.causal), BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]),
+        kern = attention_gluon(q, k, v, bool(a.causal), BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]), overlap_pv=bool(a.overlap_pv),
                                compile_only=GPUTarget("cuda", 90, 32))
         print(a.config, compile_sm90.summary(kern))
         print(compile_sm90.sass_sequence(kern))
         if os.environ.get("SASS_OUT"):
             open(os.environ["SASS_OUT"], "w").write(compile_sm90._cuobjdump(kern.asm["cubin"], "-sass"))
     else:
-        gpu_check_and_time([tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")], a.out)
+        gpu_check_and_time([tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")], a.out, a.commit, bool(a.overlap_pv))
