@@ -6,6 +6,6 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 python3 tools/precompile.py --workers 15 2>&1 | grep -v Warning | tail -2
-timeout 300 python3 tools/gluon_attention.py --out $OUT/gluon_run${RUN:-12}_${SHA:?}.csv \
+timeout 300 python3 tools/gluon_attention.py --commit ${SHA:?} --out $OUT/gluon_run${RUN:-12}_${SHA:?}.csv \
   --configs "${CONFIGS:-64,64,2,4;64,64,2,4,1;64,64,3,4,1;128,64,2,8,1;128,64,3,8,1;128,64,3,8}" 2>&1 | grep -v Warn | tee $OUT/gluon_run${RUN:-12}.log
 echo "rc=$?"
