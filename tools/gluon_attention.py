@@ -351,6 +351,41 @@ def gpu_check_and_time(configs, out, commit="unknown", overlap_pv=False):
         w = csv.DictWriter(f, list(rows[0])); w.writeheader(); w.writerows(rows)
 
 
+def gpu_grid(configs, out, commit="unknown"):
+    "The bf16 prefill grid (B 1/8/32, N 512/2048/8192, D 64/128, causal and not): each Gluon config against the shipped kernel and FA2, one process."
+    import csv, datetime, itertools
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import triton_fa2
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=commit,
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
+    rows = []
+    for B, N, D, causal in itertools.product((1, 8, 32), (512, 2048, 8192), (64, 128), (True, False)):
+        q, k, v = (torch.randn(B, 32, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        flops = 4 * B * 32 * N * N * D / (2 if causal else 1)
+        def fa2():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION): return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        runs = {"sdpa_flash": fa2, "triton_fa2": lambda: triton_fa2.attention(q, k, v, causal=causal)}
+        for cfg in configs:
+            runs["gluon " + "x".join(map(str, cfg))] = (lambda cfg=cfg: attention_gluon(
+                q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4])))
+        ref = fa2().float()
+        for name, fn in runs.items():
+            row = dict(B=B, H=32, N=N, D=D, causal=int(causal), dtype="bf16", provider=name, ms="", tflops="", max_err="", **meta)
+            try:
+                o = fn(); o = o[0] if isinstance(o, tuple) else o
+                row["max_err"] = f"{(o.float() - ref).abs().max().item():.2e}"
+                ms = triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+                row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}")
+            except Exception as e:
+                print("   error", name, (B, N, D, causal), type(e).__name__, str(e)[:200], flush=True)
+            rows.append(row)
+        mine = {r["provider"]: r for r in rows[-len(runs):]}
+        print(f"({B}, 32, {N}, {D}) {'causal' if causal else 'full'}: " + ", ".join(f"{n} {r['tflops']}" for n, r in mine.items()), flush=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0])); w.writeheader(); w.writerows(rows)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true")
@@ -359,6 +394,7 @@ if __name__ == "__main__":
     ap.add_argument("--causal", type=int, default=1); ap.add_argument("--overlap-pv", type=int, default=0)
     ap.add_argument("--configs", default="64,64,3,4;64,64,2,4;64,128,2,4;128,64,2,8;128,64,3,8")
     ap.add_argument("--out", default="gluon_attention.csv"); ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--grid", action="store_true", help="time the configs over the bf16 prefill grid instead")
     a = ap.parse_args()
     bm, bn, st, nw, *qr = (int(x) for x in a.config.split(","))
     B, H, N, D = (int(x) for x in a.shape.split(","))
@@ -373,5 +409,7 @@ if __name__ == "__main__":
         print(compile_sm90.sass_sequence(kern))
         if os.environ.get("SASS_OUT"):
             open(os.environ["SASS_OUT"], "w").write(compile_sm90._cuobjdump(kern.asm["cubin"], "-sass"))
+    elif a.grid:
+        gpu_grid([tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")], a.out, a.commit)
     else:
         gpu_check_and_time([tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")], a.out, a.commit, bool(a.overlap_pv))
