@@ -1,7 +1,9 @@
 """Issue 6, sixth round (experiment): the forward kernel written in Gluon, Triton 3.6's lower-level language, to get what
 `tl.dot` does not give on Hopper: the next tile's QKᵀ `wgmma` in flight while this tile's softmax runs (FA3's
-intra-warpgroup overlap). Each iteration issues QKᵀ(j+1), then PV(j), and waits only for QKᵀ(j+1); PV(j) runs on the
-tensor cores during softmax(j+1). One warpgroup per program, K and V in rings of `STAGES` TMA buffers.
+intra-warpgroup overlap). The masked tiles go first, online; then, each row's maximum fixed, iteration t issues
+QKᵀ(t+1), computes softmax(t) while it runs, issues PV(t) and waits (for PV(t) too unless OVERLAP_PV, which races:
+see `notes/performance.md`); the overflow check redoes a block online. One warpgroup per 64 rows, K and V in rings of
+`STAGES` TMA buffers.
 
     PYTHONPATH=. python3 tools/gluon_attention.py            # GPU: check against float32, time against the shipped kernel
     PYTHONPATH=. python3 tools/gluon_attention.py --compile  # CPU: compile for sm_90, print registers and the SASS counts
@@ -59,7 +61,7 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
 
 
 @gluon.jit
-def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale, one,
+def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CAUSAL: gl.constexpr, Q_IN_REGS: gl.constexpr, OVERLAP_PV: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
@@ -235,7 +237,7 @@ def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, S
         layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
         descs.append(TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout))
     grid = (triton.cdiv(Lq, BLOCK_M) * B * H,)
-    args = (*descs, lse, Lq, Lk, H, H // k.shape[1], scale * 1.4426950408889634, 7)
+    args = (*descs, lse, Lq, Lk, H, H // k.shape[1], scale * 1.4426950408889634)
     kwargs = dict(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal, Q_IN_REGS=q_in_regs, OVERLAP_PV=overlap_pv, num_warps=num_warps)
     if compile_only is not None: return _compile(_attn_fwd_gluon, args, kwargs, compile_only)
     _attn_fwd_gluon[grid](*args, **kwargs)
