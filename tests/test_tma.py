@@ -143,3 +143,20 @@ def test_gpu_each_dtype_is_tuned(monkeypatch):
     for dtype in (torch.float16, torch.bfloat16):
         fwd.warmup(*(randn(1, 4, 300, 64, dtype=dtype) for _ in range(3)), causal=True)
     assert len(fwd._attn_fwd_tuned.cache) == 2 and len(fwd._TUNED) == 2
+
+
+def test_confirmations_are_printed_when_asked(monkeypatch, capsys):
+    "TRITON_FA2_PRINT_TUNING=1: one JSON line per confirmed key (timer, the autotuner's medians, every sample, the pick)."
+    import json
+    a, b = (fwd.triton.Config(dict(BLOCK_M=m, BLOCK_N=64), num_warps=4, num_stages=s) for m, s in ((64, 3), (128, 2)))
+    true_ms, ran = {a: 0.64, b: 0.66}, []
+    monkeypatch.setattr(fwd, "_eager_ms", lambda fn, rep=25: (fn(), true_ms[ran[-1]])[1])
+    monkeypatch.delenv("TRITON_FA2_PRINT_TUNING", raising=False)
+    assert fwd._confirm_pick({a: [0.70], b: [0.69]}, ran.append) is a
+    assert capsys.readouterr().err == ""                                   # silent unless asked
+    monkeypatch.setenv("TRITON_FA2_PRINT_TUNING", "1")
+    assert fwd._confirm_pick({a: [0.70], b: [0.69]}, ran.append) is a
+    line = json.loads(capsys.readouterr().err)
+    assert line["confirmed"] == "64x64 w4 s3" and line["timer"] == "eager"
+    assert line["autotuner_ms"] == {"128x64 w4 s2": 0.69, "64x64 w4 s3": 0.7}
+    assert line["samples_ms"] == {"64x64 w4 s3": [0.64] * 5, "128x64 w4 s2": [0.66] * 5}

@@ -28,7 +28,7 @@ import triton
 from fastcore.script import call_parse
 from tqdm.auto import tqdm
 from .causal import attention_flops, causal_pairs
-from .forward import attention, warmup, _shape
+from .forward import attention, warmup, _label
 from .naive import attention_ref
 from .split_kv import decode
 
@@ -199,8 +199,7 @@ def sampled_error(w:Workload, o, q, k, v, refs:dict=None) -> float:
 
 def tuned_config(w:Workload, q, k, v) -> str:
     "The tile config our autotuner picked for this prefill in this process, e.g. '64x64 w4 s3' (BLOCK_M×BLOCK_N, warps, stages)."
-    m, n, warps, stages = _shape(warmup(q, k, v, causal=w.causal))   # tuned already: warmup finds the pick (and runs it once)
-    return f"{m}x{n} w{warps} s{stages}"
+    return _label(warmup(q, k, v, causal=w.causal))   # tuned already: warmup finds the pick (and runs it once)
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
     row = dict.fromkeys(COLUMNS + EXTRA_COLUMNS, "")      # the CSV's column order

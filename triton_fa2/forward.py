@@ -12,9 +12,12 @@ from .runtime import interpreting  # first: without a GPU it turns the interpret
 import contextlib
 import functools
 import inspect
+import json
 import math
 import numbers
 import numpy as np
+import os
+import sys
 import torch
 import triton
 import triton.language as tl
@@ -273,6 +276,8 @@ def _gpu_configs() -> list:
 
 def _shape(config) -> tuple: return (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
 
+def _label(config) -> str: return "{}x{} w{} s{}".format(*_shape(config))   # e.g. 64x64 w4 s3, as the benchmark's CSV writes it
+
 def _smem_bytes(block_m:int, block_n:int, block_d:int, num_stages:int, itemsize:int=2) -> int:
     "Shared memory one program needs, estimated: the Q tile plus `num_stages` buffers of a K and a V tile."
     return itemsize * block_d * (block_m + 2 * block_n * max(num_stages, 1))
@@ -328,7 +333,12 @@ def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5) -> triton.
     samples = {c: [] for c in close}
     for _ in range(rounds):                              # alternating: clock and temperature drift hits each alike
         for c in close: samples[c].append(timer(lambda: run(c)))
-    return min(close, key=lambda c: sorted(samples[c])[rounds // 2])
+    pick = min(close, key=lambda c: sorted(samples[c])[rounds // 2])
+    if os.environ.get("TRITON_FA2_PRINT_TUNING"):   # one JSON line per confirmed key, as Triton's TRITON_PRINT_AUTOTUNING
+        print(json.dumps(dict(confirmed=_label(pick), timer="eager" if timer is _eager_ms else "graph",
+                              autotuner_ms={_label(c): round(median[c], 4) for c in ranked},
+                              samples_ms={_label(c): [round(t, 4) for t in samples[c]] for c in close})), file=sys.stderr)
+    return pick
 
 _attn_fwd_tuned = triton.autotune(
     configs=[_INTERPRETER_CONFIG] if interpreting() else _gpu_configs(),
