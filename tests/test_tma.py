@@ -155,8 +155,8 @@ def test_confirmations_are_printed_when_asked(monkeypatch, capsys):
     assert fwd._confirm_pick({a: [0.70], b: [0.69]}, ran.append) is a
     assert capsys.readouterr().err == ""                                   # silent unless asked
     monkeypatch.setenv("TRITON_FA2_PRINT_TUNING", "1")
-    assert fwd._confirm_pick({a: [0.70], b: [0.69]}, ran.append) is a
+    assert fwd._confirm_pick({a: [0.70], b: [0.69]}, ran.append, key=(128, True, "torch.bfloat16")) is a
     line = json.loads(capsys.readouterr().err)
-    assert line["confirmed"] == "64x64 w4 s3" and line["timer"] == "eager"
+    assert line["key"] == [128, True, "torch.bfloat16"] and line["confirmed"] == "64x64 w4 s3" and line["timer"] == "eager"
     assert line["autotuner_ms"] == {"128x64 w4 s2": 0.69, "64x64 w4 s3": 0.7}
     assert line["samples_ms"] == {"64x64 w4 s3": [0.64] * 5, "128x64 w4 s2": [0.66] * 5}

@@ -321,7 +321,7 @@ def _eager_ms(fn, rep:int=25):
     try: return triton.testing.do_bench(fn, warmup=5, rep=rep, return_mode="median")
     except torch.OutOfMemoryError: return _graph_ms(fn)   # no room for do_bench's 256 MB L2-clearing buffer: no reason to fail
 
-def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5) -> triton.Config:
+def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5, key:tuple=None) -> triton.Config:
     """The autotuner's short timings rank configs a few percent apart by noise: time again, alternating and longer, those
     within `within` of the best (three at most); `run(config)` launches one. Returns the config with the lowest median.
     Calls of `_LONG_CALL_MS` or more are timed eagerly (`_eager_ms`), shorter ones in CUDA graphs (`_graph_ms`)."""
@@ -335,7 +335,7 @@ def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5) -> triton.
         for c in close: samples[c].append(timer(lambda: run(c)))
     pick = min(close, key=lambda c: sorted(samples[c])[rounds // 2])
     if os.environ.get("TRITON_FA2_PRINT_TUNING"):   # one JSON line per confirmed key, as Triton's TRITON_PRINT_AUTOTUNING
-        print(json.dumps(dict(confirmed=_label(pick), timer="eager" if timer is _eager_ms else "graph",
+        print(json.dumps(dict(key=list(key) if key else None, confirmed=_label(pick), timer="eager" if timer is _eager_ms else "graph",
                               autotuner_ms={_label(c): round(median[c], 4) for c in ranked},
                               samples_ms={_label(c): [round(t, 4) for t in samples[c]] for c in close})), file=sys.stderr)
     return pick
@@ -486,7 +486,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
         if timings is not None and timings is not timings_before:   # this call ran the autotuner's benchmark
             rerun = lambda c: _attention_forward(*tensors, lse, causal, scale, config=c, pack_gqa=pack, use_tma=use_tma,
                                                  fixed_max=fixed_max)
-            config = rerun(_confirm_pick(timings, rerun))   # this call's output is the pick's, as later calls' are
+            config = rerun(_confirm_pick(timings, rerun, key=key))   # this call's output is the pick's, as later calls' are
         _TUNED[key] = config
     elif plan_key is not None and compiled is not None and plan_key not in _PLANS:  # the pick, launched by Triton: keep what it did
         named = dict(constants, **config.kwargs)
