@@ -16,16 +16,14 @@ for i,(a,t) in enumerate(ins):
     m=re.search(r"BRA (0x[0-9a-f]+)", t)
     if not m: continue
     tgt=int(m.group(1),16)
-    if tgt>=a or t.startswith("@"): pass
     if tgt>=a: continue
     body=ins[addr[tgt]:i+1]
     if not any("HGMMA" in x for _,x in body): continue
     # simulate two passes of the loop body
     seq=body+body
-    inflight=[]  # list of (group_id, regs_read, regs_acc)
     groups=[]; cur_read=set(); cur_acc=set()
     hazards=[]
-    for k,(aa,tt) in enumerate(seq):
+    for aa,tt in seq:
         op=tt.split()[1] if tt.startswith("@") else tt.split()[0]
         if op.startswith("HGMMA"):
             mm=re.match(r"(?:@\S+ )?HGMMA\.(\d+)x(\d+)x\d+\.\S+ (R\d+), (R\d+|gdesc\[\w+\])", tt)
@@ -34,7 +32,6 @@ for i,(a,t) in enumerate(ins):
             if mm.group(4).startswith("R"): cur_read|=regrange(mm.group(4),4)
             if "gsb0" in tt: groups.append((cur_read,cur_acc,aa)); cur_read=set(); cur_acc=set()
             continue
-        if op.startswith("WARPGROUP.ARRIVE"): pass
         if op.startswith("WARPGROUP.DEPBAR"):
             n=int(tt.split(",")[-1],16); groups=groups[len(groups)-n:] if n else []
             continue
