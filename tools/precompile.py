@@ -1,12 +1,18 @@
 """Compile every forward-kernel candidate the benchmark's prefill grid will autotune, in parallel processes, before the
-sweep: the autotuner then loads binaries from Triton's disk cache instead of compiling 10 candidates per key one after
+sweep: the autotuner then loads binaries from Triton's disk cache instead of compiling 10 (14 on sm_90) candidates per key one after
 another (seconds each on the device's CPU). Measures nothing. GPU only.
 
     PYTHONPATH=. python3 tools/precompile.py --workers 15 [--dims 64,128] [--dtypes bf16,fp16]"""
 import argparse, concurrent.futures, itertools, multiprocessing, time
 import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
 import torch
-from triton_fa2.forward import _attention_forward, _gpu_configs
+from triton_fa2.forward import _attention_forward, _gluon, _gpu_configs
+
+
+def candidates() -> list:
+    "The `tl` kernel's candidates, and on sm_90 the Gluon kernel's (notebook 11), which the autotuner times beside them."
+    hopper = _gluon is not None and torch.cuda.get_device_capability() == (9, 0)
+    return _gpu_configs() + (list(_gluon.CANDIDATES) if hopper else [])
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -17,7 +23,7 @@ def compile_one(task):
     q, k, v = (torch.randn(1, 32, 512, D, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     try:
         _attention_forward(q, k, v, torch.empty_like(q), torch.empty(1, 32, 512, device="cuda"), causal, D ** -0.5,
-                           config=_gpu_configs()[index])
+                           config=candidates()[index])
         torch.cuda.synchronize()
         return None
     except Exception as e:                      # a candidate this GPU cannot run: the autotuner's pruning or timing says so
@@ -29,7 +35,7 @@ if __name__ == "__main__":
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--dims", default="64,128"); ap.add_argument("--dtypes", default="bf16,fp16")
     a = ap.parse_args()
-    tasks = list(itertools.product(map(int, a.dims.split(",")), (False, True), a.dtypes.split(","), range(len(_gpu_configs()))))
+    tasks = list(itertools.product(map(int, a.dims.split(",")), (False, True), a.dtypes.split(","), range(len(candidates()))))
     t0 = time.time()
     with concurrent.futures.ProcessPoolExecutor(a.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         failed = [r for r in pool.map(compile_one, tasks) if r]

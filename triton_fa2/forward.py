@@ -276,7 +276,9 @@ def _gpu_configs() -> list:
 
 def _shape(config) -> tuple: return (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
 
-def _label(config) -> str: return "{}x{} w{} s{}".format(*_shape(config))   # e.g. 64x64 w4 s3, as the benchmark's CSV writes it
+def _label(config) -> str:
+    "e.g. 64x64 w4 s3, as the benchmark's CSV writes it; a Gluon candidate (notebook 11) names itself."
+    return getattr(config, "label", None) or "{}x{} w{} s{}".format(*_shape(config))
 
 def _smem_bytes(block_m:int, block_n:int, block_d:int, num_stages:int, itemsize:int=2) -> int:
     "Shared memory one program needs, estimated: the Q tile plus `num_stages` buffers of a K and a V tile."
@@ -461,15 +463,23 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
     fold_scale = scale > 0                              # max(S)·s = max(S·s) only for s > 0
     strides, dtype, dot_fp32 = [t.stride()[:3] for t in (q, k, v, o)], q.dtype, _dot_in_fp32(q.dtype)
     tensors = q, k, v, o
-    if use_tma: q, k, v, o = (_descriptor(t) for t in (q, k, v, o))
-    rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack else (Lq, Hq)
-    grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]) * B * grid_heads,)
-    block_d = max(triton.next_power_of_2(D), 16)
     tune_rows, tune_seqlen_k = _tune_buckets(B * Hq * Lq, Lk)
     key = None
     if config is None:
         key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, fixed_max, str(dtype), str(lse.device))
         config = _TUNED.get(key)
+    gluon_applies = _gluon is not None and _gluon.applies(q, D, use_tma, pack, fixed_max)
+    if _gluon is not None and isinstance(config, _gluon.GluonConfig):   # notebook 11's kernel: the autotuner's pick, or a test's
+        if not gluon_applies: raise ValueError(f"{_label(config)} runs only on sm_90 with Gluon, through TMA views of "
+                                               "unpacked rows, for D 64 or 128 with the fixed maximum")
+        with torch.cuda.device(lse.device):
+            compiled, grid_size, gluon_args = _gluon.launch(q, k, v, o, lse, causal, scale, config)
+        if plan_key is not None and plan_key not in _PLANS: _save_plan(plan_key, compiled, grid_size, gluon_args, config, _gluon.ARG_NAMES)
+        return config
+    if use_tma: q, k, v, o = (_descriptor(t) for t in (q, k, v, o))
+    rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack else (Lq, Hq)
+    grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]) * B * grid_heads,)
+    block_d = max(triton.next_power_of_2(D), 16)
     kernel, meta = (_attn_fwd_tuned, {}) if config is None else \
         (_attn_fwd, config.all_kwargs())
     if config is not None: _set_descriptor_blocks(dict(Q=q, K=k, V=v, O=o, BLOCK_D=block_d, **config.kwargs))
@@ -486,6 +496,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
         if timings is not None and timings is not timings_before:   # this call ran the autotuner's benchmark
             rerun = lambda c: _attention_forward(*tensors, lse, causal, scale, config=c, pack_gqa=pack, use_tma=use_tma,
                                                  fixed_max=fixed_max)
+            if gluon_applies: timings = {**timings, **_gluon.time_candidates(rerun, D)}   # on sm_90: notebook 11's kernel too
             config = rerun(_confirm_pick(timings, rerun, key=key))   # this call's output is the pick's, as later calls' are
         _TUNED[key] = config
     elif plan_key is not None and compiled is not None and plan_key not in _PLANS:  # the pick, launched by Triton: keep what it did
@@ -517,12 +528,13 @@ def _no_hook(hook) -> bool:
 
 class _Launch:
     """A launch of a compiled kernel with new tensors, through Triton's C launcher alone. Built from a launch Triton made:
-    `kernel`, its compiled kernel; `args`, every argument of `_attn_fwd` in order. Valid for calls with the same `_plan_key`."""
-    def __init__(self, kernel, grid:int, args:list, config:triton.Config):
+    `kernel`, its compiled kernel; `args`, every argument of the kernel in order (`arg_names`: `_attn_fwd`'s, or the Gluon
+    kernel's of notebook 11, which also takes q, k, v, o as descriptors and lse fifth). Valid for calls with the same `_plan_key`."""
+    def __init__(self, kernel, grid:int, args:list, config:triton.Config, arg_names:list=_ATTN_FWD_ARGS):
         launcher = kernel.run
         if launcher.global_scratch_size or launcher.profile_scratch_size: raise ValueError("the kernel needs scratch memory")
         raw = launcher.launch
-        descriptors = [i for i, a in enumerate(args) if TensorDescriptor is not None and isinstance(a, TensorDescriptor)]
+        descriptors = [i for i, a in enumerate(args) if hasattr(a, "block_shape") and hasattr(a, "base")]  # `tl`'s or Gluon's
         self.use_tma = bool(descriptors)
         if self.use_tma:   # Triton wraps its C launcher in a Python function that encodes every descriptor per launch
             from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
@@ -541,7 +553,7 @@ class _Launch:
         self.grid = (grid, 1, 1)
         self.fixed = (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,  # scratch: none
                       kernel.packed_metadata, None, None, None)                                          # no hooks
-        scale_at = _ATTN_FWD_ARGS.index("qk_scale")
+        scale_at = arg_names.index("qk_scale")
         self.before_scale, self.after_scale = tuple(args[5:scale_at]), tuple(args[scale_at + 1:])
         self.stream = triton.runtime.driver.active.get_current_stream
 
@@ -561,11 +573,15 @@ class _Launch:
         self.raw(*self.grid, self.stream(self.device), *self.fixed, *tensors, lse, *self.before_scale, scale * LOG2E,
                  *self.after_scale)
 
-def _save_plan(plan_key:tuple, kernel, grid:int, args:list, config:triton.Config):
+def _save_plan(plan_key:tuple, kernel, grid:int, args:list, config:triton.Config, arg_names:list=_ATTN_FWD_ARGS):
     "Keep a `_Launch` for this key, or False where Triton's launcher is not what `_Launch` expects (never retried)."
     if len(_PLANS) >= _MAX_PLANS: _PLANS.clear()
-    try: _PLANS[plan_key] = _Launch(kernel, grid, args, config)
+    try: _PLANS[plan_key] = _Launch(kernel, grid, args, config, arg_names)
     except (AttributeError, KeyError, TypeError, ValueError, ImportError): _PLANS[plan_key] = False
+
+# %% ../nbs/03_triton_forward.ipynb #253dc78f
+try: from triton_fa2 import gluon as _gluon             # notebook 11: the loop in Gluon, more candidates on sm_90
+except (ImportError, AttributeError): _gluon = None     # a Triton without Gluon, or with another Gluon API: `_attn_fwd` alone
 
 # %% ../nbs/03_triton_forward.ipynb #ce6e8601
 # A notebook runs this cell in its own process, perhaps after the package was imported there: its copy gets another

@@ -1,0 +1,141 @@
+"""The Gluon kernel (notebook 11): on sm_90 a second set of autotune candidates beside `_attn_fwd`. CPU (CI): each
+candidate compiled for sm_90 (no spill, no register touched under a running wgmma), the hazard scan itself, and the
+dispatch in `_attention_forward` with a stand-in kernel. GPU (H200): every candidate against float64 on odd shapes, the
+fixed maximum's overflow fallback, GQA, Lq ≠ Lk, flash-attn's strided layout, a negative scale, the autotuner's pick
+and its saved launch.
+"""
+import os
+import pytest
+import torch
+
+import triton_fa2.forward as fwd
+from triton_fa2 import gluon
+from triton_fa2.gluon import CANDIDATES, GluonConfig, applies, sm90_reports, wgmma_hazards
+from triton_fa2.naive import attention_ref
+from test_attention import LSE_TOL, TOL, errors, randn
+from test_tma import check_path
+
+on_h100_class = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# A loop in cuobjdump's SASS: a wgmma (HGMMA) whose accumulator R24…R55 is read before the DEPBAR that retires it.
+RACY = """
+        /*0100*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;  /* 0x0 */
+        /*0110*/                   FMUL R30, R24, 2 ;                                         /* 0x0 */
+        /*0120*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;                            /* 0x0 */
+        /*0130*/                   FADD R60, R24, R25 ;                                       /* 0x0 */
+        /*0140*/               @P0 BRA 0x100 ;                                                /* 0x0 */
+"""
+
+
+def test_the_hazard_scan_finds_a_read_under_a_running_wgmma():
+    found = wgmma_hazards(RACY)
+    assert [h[1] for h in found] == ["0x110", "0x110"]                 # once per pass through the loop
+    safe = RACY.replace("/*0110*/                   FMUL R30, R24, 2 ;", "/*0110*/                   FMUL R70, R71, 2 ;")
+    assert wgmma_hazards(safe) == []                                   # R24 read only after the wait: fine
+    # P (the A operand in registers) rewritten while PV still runs: the race of runs 12–13
+    racy_a = RACY.replace("R24, gdesc[UR4], RZ, !UPT", "R24, R88, gdesc[UR4], R24").replace("FMUL R30, R24, 2", "FMUL R89, R70, 2")
+    assert [h[1] for h in wgmma_hazards(racy_a)] == ["0x110", "0x110"]
+
+
+@pytest.mark.parametrize("D, causal, dtype", [(128, True, torch.bfloat16),   # the money shot's kernels: the most registers
+                                              (64, False, torch.float16)])   # the other head dim, the other dtype
+def test_every_candidate_compiles_for_sm90_without_spills_or_hazards(D, causal, dtype):
+    for r in sm90_reports(CANDIDATES, D, causal, dtype):
+        assert r["stack_bytes"] == 0 and r["registers"] <= 255, r       # nothing spilled to local memory
+        assert r["hazards"] == 0, r                                     # no register touched under a running wgmma
+        assert r["wgmma"] > 0 and r["shared_kib"] <= 227, r
+
+
+def test_where_the_gluon_kernel_applies():
+    q = randn(1, 2, 64, 64)
+    assert not applies(q, 64, True, False, True) or on_h100_class      # a CPU tensor, the interpreter, another GPU: never
+    assert GluonConfig(64, 64, 2, 4, True).label == "gluon 64x64 w4 s2 qreg" == fwd._label(CANDIDATES[0])
+    assert fwd._shape(GluonConfig(128, 64, 3, 8)) == (128, 64, 8, 3)
+    named, grid = gluon._arguments(*(torch.empty(2, 8, 100, 64, dtype=torch.bfloat16) for _ in range(4)),
+                                   torch.empty(2, 8, 100), True, 0.125, GluonConfig(64, 64, 2, 4))
+    assert grid == 2 * 2 * 8 and named["group_size"] == 1 and named["seqlen_q"] == 100
+
+
+def test_the_dispatch_runs_a_gluon_pick_and_refuses_it_where_it_cannot_run(monkeypatch):
+    "A Gluon config goes to `gluon.launch` when `applies` allows it, and raises a ValueError naming why when not."
+    q, k, v = (randn(1, 2, 40, 64) for _ in range(3))
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 40, device=q.device)
+    config = GluonConfig()
+    with pytest.raises(ValueError, match="runs only on sm_90"):
+        fwd._attention_forward(q, k, v, o, lse, True, 0.125, config=config)
+    launched = []
+    def stand_in(q, k, v, o, lse, causal, scale, config):
+        launched.append(config); o.copy_(attention_ref(q, k, v, causal=causal, scale=scale)[0]); return None, 1, []
+    monkeypatch.setattr(gluon, "applies", lambda *args: True)
+    monkeypatch.setattr(gluon, "launch", stand_in)
+    monkeypatch.setattr(fwd.torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    assert fwd._attention_forward(q, k, v, o, lse, True, 0.125, config=config) is config and launched == [config]
+
+
+def check_gluon(q, k, v, causal, config, scale=None):
+    "`check_path` with a Gluon config: poisoned outputs in flash-attn's strided layout, o and lse against float64."
+    try: check_path(q, k, v, causal, use_tma=True, config=config, scale=scale)
+    except AssertionError as e: raise AssertionError(f"{config.label}: {e}") from e
+
+
+gpu = pytest.mark.skipif(not on_h100_class, reason="the Gluon kernel runs on sm_90 only")
+
+
+# (B, Hq, Hkv, Lq, Lk, D)
+GPU_SHAPES = [
+    (1, 2, 2, 17, 17, 64),        # one partial Q block: the masked run alone
+    (2, 4, 4, 1000, 1000, 128),   # partial last block and tile: both runs, the LSE mask
+    (1, 2, 2, 300, 700, 128),     # Lq < Lk: bottom-right causal, a long unmasked run
+    (1, 2, 2, 700, 300, 64),      # Lq > Lk: rows that see no key (O = 0, LSE = −∞)
+    (1, 8, 2, 513, 513, 128),     # GQA 4:1 (unpacked: 513 rows fill blocks well)
+    (1, 1, 1, 1, 1, 128),         # one query, one key
+    (2, 4, 4, 4096, 4096, 64),    # long rows: where runs 12–13 read NaN (PV's registers reused)
+]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", GPU_SHAPES)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_every_candidate_matches_reference(B, Hq, Hkv, Lq, Lk, D, causal, dtype):
+    q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+    for config in CANDIDATES: check_gluon(q, k, v, causal, config)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_overflow_falls_back_online(dtype):
+    "Key 0 scores far above every later row's diagonal maximum: P overflows in the unmasked run, the block is redone."
+    q = randn(2, 2, 512, 64, dtype=dtype).abs()
+    k, v = randn(2, 2, 512, 64, dtype=dtype), randn(2, 2, 512, 64, dtype=dtype)
+    k[:, :, 0] = 30.0
+    for config in CANDIDATES: check_gluon(q, k, v, True, config)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_negative_scale():
+    q, k, v = (randn(1, 2, 300, 128) for _ in range(3))
+    for config in CANDIDATES: check_gluon(q, k, v, True, config, scale=-0.05)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_the_pick_and_its_saved_launch(monkeypatch):
+    "`attention` tunes with the Gluon candidates in; the pick, then its saved launch, give the same exact output."
+    fwd._TUNED.clear(); fwd._PLANS.clear()
+    q, k, v = (randn(8, 32, 2048, 128, dtype=torch.bfloat16) for _ in range(3))
+    outs = [fwd.attention(q, k, v, causal=True) for _ in range(3)]        # tune; the pick through Triton; saved launch
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+    o_ref, _ = attention_ref(q[:1, :4], k[:1, :4], v[:1, :4], causal=True, upcast=torch.float64)
+    assert errors(outs[2][:1, :4], o_ref)[0] <= TOL[torch.bfloat16][0]
+    plan = next(iter(fwd._PLANS.values()))
+    assert plan and plan.config in fwd._TUNED.values()
+    print("money shot's pick:", fwd._label(plan.config))
+    monkeypatch.setenv("TRITON_FA2_NO_GLUON", "1")                      # the escape hatch: the `tl` kernel alone
+    fwd._TUNED.clear(); fwd._PLANS.clear()
+    fwd.attention(q, k, v, causal=True)
+    assert not any(isinstance(c, GluonConfig) for c in fwd._TUNED.values())
