@@ -579,7 +579,7 @@ def _save_plan(plan_key:tuple, kernel, grid:int, args:list, config:triton.Config
     try: _PLANS[plan_key] = _Launch(kernel, grid, args, config, arg_names)
     except (AttributeError, KeyError, TypeError, ValueError, ImportError): _PLANS[plan_key] = False
 
-# %% ../nbs/03_triton_forward.ipynb #253dc78f
+# %% ../nbs/03_triton_forward.ipynb #fb5e9c24
 try: from triton_fa2 import gluon as _gluon             # notebook 11: the loop in Gluon, more candidates on sm_90
 except (ImportError, AttributeError): _gluon = None     # a Triton without Gluon, or with another Gluon API: `_attn_fwd` alone
 
@@ -665,7 +665,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 o
 def warmup(q:torch.Tensor, # (B, Hq, Lq, D) queries shaped like the real ones
            k:torch.Tensor, # (B, Hkv, Lk, D) keys
            v:torch.Tensor, # (B, Hkv, Lk, D) values
-           *, causal:bool=False, scale:float=None) -> triton.Config:  # the config the autotuner chose for this key
+           *, causal:bool=False, scale:float=None):  # the config the autotuner chose for this key (on sm_90 perhaps a `GluonConfig`)
     "Compile and autotune `attention` for inputs like these now, so that timed calls and CUDA graphs measure the kernel alone."
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
     o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)

@@ -8,7 +8,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/gluon.html.md"""
 __all__ = ['HEAD_DIMS', 'CANDIDATES', 'ARG_NAMES', 'wgmma_hazards', 'GluonConfig', 'applies', 'launch', 'time_candidates',
            'sm90_reports']
 
-# %% ../nbs/11_gluon.ipynb #2bba4174
+# %% ../nbs/11_gluon.ipynb #96a85f8d
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before any kernel is defined
 import dataclasses
 import functools
@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from .forward import LOG2E, _bench_candidate, _capability
 
-# %% ../nbs/11_gluon.ipynb #33ec639a
+# %% ../nbs/11_gluon.ipynb #6ff41aad
 _SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4})\*/\s*(.*?)\s*;")
 
 def wgmma_hazards(sass:str) -> list:
@@ -63,7 +63,7 @@ def wgmma_hazards(sass:str) -> list:
                     hazards.append((hex(start), hex(at), t)); break
     return hazards
 
-# %% ../nbs/11_gluon.ipynb #705a1ab0
+# %% ../nbs/11_gluon.ipynb #b705ea2d
 @gluon.jit
 def _issue_load(desc, z, h, row, bars, smem, index, pred):
     "One (1, 1, rows, D) TMA load of key tile `row` into ring slot `index % STAGES`, counted on that slot's barrier."
@@ -102,7 +102,7 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
     alpha = gl.exp2(m_i - m_use)
     return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
 
-# %% ../nbs/11_gluon.ipynb #b19014b3
+# %% ../nbs/11_gluon.ipynb #d0e2059e
 _LN2 = gl.constexpr(math.log(2.0))       # log(x) = log2(x) · ln 2
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size"])
@@ -257,7 +257,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
 
-# %% ../nbs/11_gluon.ipynb #0aa458f8
+# %% ../nbs/11_gluon.ipynb #68aea633
 @dataclasses.dataclass(frozen=True)
 class GluonConfig:
     "One candidate of the Gluon kernel: tile rows and keys, the depth of the K/V rings, warps (4 per 64 rows), Q's source."
@@ -320,7 +320,7 @@ def time_candidates(run, head_dim:int) -> dict:
             warnings.warn(f"triton_fa2: Gluon candidate {config.label} left out: {type(e).__name__}: {str(e)[:200]}")
     return timings
 
-# %% ../nbs/11_gluon.ipynb #013a02cb
+# %% ../nbs/11_gluon.ipynb #f919a358
 def _compile_sm90(config:GluonConfig, B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16):
     "What `launch` compiles on an H200, compiled here for sm_90 without a GPU (CPU tensors stand in): the CompiledKernel."
     from triton.backends.compiler import GPUTarget
