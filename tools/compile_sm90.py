@@ -7,13 +7,14 @@ Arguments are built as `_attention_forward` builds them (CPU tensors stand in fo
 16-byte alignment), so the specialisation is the one the GPU compiles."""
 import os
 os.environ["TRITON_INTERPRET"] = "0"          # compile, do not interpret (triton_fa2 would choose the interpreter)
-import argparse, csv, datetime, re, subprocess, tempfile, traceback
+import argparse, csv, datetime, re, traceback
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler.compiler import ASTSource
 from triton.runtime.jit import create_function_from_signature
 import triton_fa2.forward as fwd
+from triton_fa2.gluon import _cuobjdump   # cuobjdump shipped with Triton, on a cubin
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -46,13 +47,6 @@ def compile_forward(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16,
     try: fwd._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=cfg, pack_gqa=False, use_tma=use_tma)
     finally: fwd._attn_fwd = real
     return offline.compiled
-
-
-def _cuobjdump(cubin: bytes, flag: str) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin); f.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
 
 
 def resources(kernel) -> dict:
