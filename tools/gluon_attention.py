@@ -11,13 +11,13 @@ import triton_fa2.forward as fwd
 from triton_fa2.gluon import GluonConfig, _compile_sm90, _cuobjdump, sm90_reports
 
 
-def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, q_in_regs=False):
+def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, q_in_regs=False, p_smem=False):
     "q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D); returns (o, lse), through the package's launch with one Gluon config."
     B, H, Lq, D = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(B, H, Lq, device=q.device, dtype=torch.float32)
     fwd._attention_forward(q, k, v, o, lse, causal, D ** -0.5 if scale is None else scale,
-                           config=GluonConfig(BLOCK_M, BLOCK_N, STAGES, num_warps, bool(q_in_regs)))
+                           config=GluonConfig(BLOCK_M, BLOCK_N, STAGES, num_warps, bool(q_in_regs), bool(p_smem)))
     return o, lse
 
 
@@ -54,7 +54,7 @@ def gpu_check_and_time(configs, out, commit="unknown"):
                 q = torch.randn(B, H, Lq, D, device="cuda", dtype=dtype)
                 k, v = (torch.randn(B, H, Lk, D, device="cuda", dtype=dtype) for _ in range(2))
                 try:
-                    o, lse = attention_gluon(q, k, v, causal, BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]))
+                    o, lse = attention_gluon(q, k, v, causal, BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw, q_in_regs=bool(qr and qr[0]), p_smem=len(qr) > 1 and bool(qr[1]))
                     ref, ref_lse = _reference(q, k, v, causal, D ** -0.5)
                     err = (o.float() - ref).abs().max().item()
                     seen = torch.isfinite(ref_lse)
@@ -73,7 +73,7 @@ def gpu_check_and_time(configs, out, commit="unknown"):
             k[:, :, 0] = 30.0
             try:
                 o, lse = attention_gluon(q, k, v, True, BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=nw,
-                                         q_in_regs=bool(qr and qr[0]))
+                                         q_in_regs=bool(qr and qr[0]), p_smem=len(qr) > 1 and bool(qr[1]))
                 ref, _ = _reference(q, k, v, True, 64 ** -0.5)
                 err = (o.float() - ref).abs().max().item()
                 good = err <= 2e-2 and not o.isnan().any().item()
@@ -97,8 +97,9 @@ def gpu_check_and_time(configs, out, commit="unknown"):
             return run
         runs = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "triton_fa2": lambda: triton_fa2.attention(q, k, v, causal=causal)}
+        if os.environ.get("NO_AUTOTUNED"): del runs["triton_fa2"]   # short device calls: the configs alone
         for cfg in configs:
-            runs["gluon " + "x".join(map(str, cfg))] = (lambda cfg=cfg: attention_gluon(q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4])))
+            runs["gluon " + "x".join(map(str, cfg))] = (lambda cfg=cfg: attention_gluon(q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4]), p_smem=len(cfg) > 5 and bool(cfg[5])))
         for name, fn in runs.items():
             try:
                 fn(); torch.cuda.synchronize()
@@ -135,7 +136,7 @@ def gpu_grid(configs, out, commit="unknown"):
         runs = {"sdpa_flash": fa2, "triton_fa2": lambda: triton_fa2.attention(q, k, v, causal=causal)}
         for cfg in configs:
             runs["gluon " + "x".join(map(str, cfg))] = (lambda cfg=cfg: attention_gluon(
-                q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4])))
+                q, k, v, causal, BLOCK_M=cfg[0], BLOCK_N=cfg[1], STAGES=cfg[2], num_warps=cfg[3], q_in_regs=len(cfg) > 4 and bool(cfg[4]), p_smem=len(cfg) > 5 and bool(cfg[5])))
         ref = fa2().float()
         for name, fn in runs.items():
             row = dict(B=B, H=32, N=N, D=D, causal=int(causal), dtype="bf16", provider=name, ms="", tflops="", max_err="", **meta)
@@ -166,7 +167,7 @@ if __name__ == "__main__":
     bm, bn, st, nw, *qr = (int(x) for x in a.config.split(","))
     B, H, N, D = (int(x) for x in a.shape.split(","))
     if a.compile:   # CPU: compile for sm_90, print registers, spills and wgmma hazards; SASS_OUT=file keeps the SASS
-        config = GluonConfig(bm, bn, st, nw, bool(qr and qr[0]))
+        config = GluonConfig(bm, bn, st, nw, bool(qr and qr[0]), len(qr) > 1 and bool(qr[1]))
         dtype = torch.bfloat16
         print(sm90_reports([config], D, bool(a.causal), dtype))
         if os.environ.get("SASS_OUT"):

@@ -3,16 +3,18 @@ sweep: the autotuner then loads binaries from Triton's disk cache instead of com
 another (seconds each on the device's CPU). Measures nothing. GPU only.
 
     PYTHONPATH=. python3 tools/precompile.py --workers 15 [--dims 64,128] [--dtypes bf16,fp16]"""
-import argparse, concurrent.futures, itertools, multiprocessing, time
+import argparse, os, concurrent.futures, itertools, multiprocessing, time
 import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
 import torch
 from triton_fa2.forward import _attention_forward, _gluon, _gpu_configs
 
 
 def candidates() -> list:
-    "The `tl` kernel's candidates, and on sm_90 the Gluon kernel's (notebook 11), which the autotuner times beside them."
+    """The `tl` kernel's candidates, and on sm_90 the Gluon kernel's (notebook 11), which the autotuner times beside them,
+    then the Gluon configs in $EXTRA_GLUON ("BLOCK_M,BLOCK_N,STAGES,num_warps,Q_IN_REGS,P_SMEM;...": experiments)."""
     hopper = _gluon is not None and torch.cuda.get_device_capability() == (9, 0)
-    return _gpu_configs() + (list(_gluon.CANDIDATES) if hopper else [])
+    extra = [_gluon.GluonConfig(*(int(x) for x in c.split(","))) for c in os.environ.get("EXTRA_GLUON", "").split(";") if c]
+    return _gpu_configs() + (list(_gluon.CANDIDATES) + extra if hopper else [])
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -34,8 +36,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--dims", default="64,128"); ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--gluon-only", action="store_true", help="only the Gluon kernel's candidates (sm_90)")
     a = ap.parse_args()
-    tasks = list(itertools.product(map(int, a.dims.split(",")), (False, True), a.dtypes.split(","), range(len(candidates()))))
+    first = len(_gpu_configs()) if a.gluon_only else 0       # the Gluon candidates follow the `tl` kernel's
+    tasks = list(itertools.product(map(int, a.dims.split(",")), (False, True), a.dtypes.split(","), range(first, len(candidates()))))
     t0 = time.time()
     with concurrent.futures.ProcessPoolExecutor(a.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         failed = [r for r in pool.map(compile_one, tasks) if r]

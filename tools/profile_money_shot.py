@@ -4,7 +4,7 @@
   ncu --clock-control none --profile-from-start off --csv --page details \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
       --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-      python3 tools/profile_money_shot.py run --sass sass.json > ncu_raw.csv   # one profiled launch of ours and of SDPA-FA2
+      python3 tools/profile_money_shot.py run --sass sass.json > ncu_raw.csv   # one profiled launch of ours, SDPA-FA2 and cuDNN
   python3 tools/profile_money_shot.py extract ncu_raw.csv --sass sass.json --commit SHA  # → results/ncu.csv
   (extracting elsewhere: add --meta-from results/raw.csv, the sweep of the same device call, for GPU, versions, date)
 
@@ -57,20 +57,24 @@ def run(sass_out=None):
     q, k, v = (torch.randn(MONEY["B"], MONEY["H"], MONEY["N"], MONEY["D"], device="cuda", dtype=torch.bfloat16) for _ in range(3))
     config = warmup(q, k, v, causal=True)
     print("config:", config, file=sys.stderr)
-    fa2 = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        fa2(); torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        attention(q, k, v, causal=True)
-        fa2()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+    def fa2():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION): return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION): return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    fa2(); cudnn(); torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    attention(q, k, v, causal=True)
+    fa2()
+    cudnn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
     if sass_out:   # outside the profiled range: compile the chosen config alone and count its matrix instructions
         from triton_fa2 import forward
-        forward._attn_fwd.device_caches.clear()
+        kernel = forward._attn_fwd if isinstance(config, triton.Config) else forward._gluon._attn_fwd_gluon   # the Gluon kernel on sm_90
+        kernel.device_caches.clear()
         o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
         forward._attention_forward(q, k, v, o, lse, causal=True, scale=q.shape[-1] ** -0.5, config=config)
-        kernels = [kern for cache in forward._attn_fwd.device_caches.values() for kern in cache[0].values()]
+        kernels = [kern for cache in kernel.device_caches.values() for kern in cache[0].values()]
         assert len(kernels) == 1, f"expected the one kernel of the chosen config, found {len(kernels)}"
         sass = kernels[0].asm["sass"]
         counts = dict(config=str(config), sass_hgmma=len(re.findall(r"\bHGMMA\.", sass)), sass_hmma=len(re.findall(r"\bHMMA\.", sass)))
@@ -84,7 +88,8 @@ def extract(raw, sass, commit, out, meta_from=None):
     rows = {}
     for r in csv.DictReader(lines):
         name = r["Kernel Name"]
-        provider = "triton_fa2" if "_attn_fwd" in name else ("sdpa_flash" if "flash" in name else name[:40])
+        provider = ("triton_fa2" if "_attn_fwd" in name else "sdpa_flash" if "flash" in name
+                    else "sdpa_cudnn" if "cudnn" in name or "sdpa" in name else name[:40])
         key = KEEP.get(r["Metric Name"])
         if key: rows.setdefault(provider, dict(provider=provider, kernel=name[:80], **meta(commit, meta_from)))[key] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
     if sass and "triton_fa2" in rows: rows["triton_fa2"].update(json.loads(pathlib.Path(sass).read_text()))

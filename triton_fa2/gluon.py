@@ -111,7 +111,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
                     seqlen_q, seqlen_k, num_heads, group_size,
                     qk_scale,                              # softmax scale · log2(e)
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr, num_warps: gl.constexpr):
+                    STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     pid = gl.program_id(0)
     num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
@@ -195,29 +195,59 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
     # compute it, issues PV(t), and waits for both. The wait follows an issue that needs the softmax's P, so ptxas
     # cannot hoist it above the softmax; and PV(t) is retired before softmax(t+1) writes P(t+1) (see the prose).
     if n_fixed > 0:
-        k = _wait_slot(k_bars, k_smem, n_online)
-        s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
-        acc_tok = warpgroup_mma_init(acc)
-        for step in range(0, n_fixed - 1):
-            t = n_online + step
-            _issue_load(k_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
-                        t + STAGES < n_loads)                             # K's slot t: QKᵀ(t) is done
-            k = _wait_slot(k_bars, k_smem, t + 1)
-            s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            p = gl.exp2(s * qk_scale - m_fixed)                           # one FMA and one exp2 per score
+        if P_SMEM:
+            # PV(t) reads P(t) from a two-slot shared-memory ring and runs under softmax(t+1): nothing in registers is
+            # live under it but its accumulator, so ptxas has no P registers to reuse (the race of runs 12–13)
+            p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+            k = _wait_slot(k_bars, k_smem, n_online)
+            s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
+            p = gl.exp2(s * qk_scale - m_fixed)
+            l_i = l_i + gl.sum(p, 1)
+            p_smem.index(0).store(p.to(dtype))
+            fence_async_shared()
+            acc_tok = warpgroup_mma_init(acc)
+            for step in range(0, n_fixed - 1):
+                t = n_online + step
+                _issue_load(k_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
+                            t + STAGES < n_loads)                             # K's slot t: QKᵀ(t) is done
+                k = _wait_slot(k_bars, k_smem, t + 1)
+                s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                acc_tok = warpgroup_mma(p_smem.index(step % 2), _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))                      # QKᵀ(t+1) done; PV(t) may still run
+                p = gl.exp2(s * qk_scale - m_fixed)
+                l_i = l_i + gl.sum(p, 1)
+                p_smem.index((step + 1) % 2).store(p.to(dtype))               # PV(t−1), its last reader, is retired
+                fence_async_shared()
+                acc_tok = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc_tok,)))
+                _issue_load(v_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
+                            t + STAGES, t + STAGES < n_loads)                 # V's slot t: PV(t) is done
+            t_last = n_online + n_fixed - 1
+            acc_tok = warpgroup_mma(p_smem.index((n_fixed - 1) % 2), _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+        else:
+            k = _wait_slot(k_bars, k_smem, n_online)
+            s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
+            acc_tok = warpgroup_mma_init(acc)
+            for step in range(0, n_fixed - 1):
+                t = n_online + step
+                _issue_load(k_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
+                            t + STAGES < n_loads)                             # K's slot t: QKᵀ(t) is done
+                k = _wait_slot(k_bars, k_smem, t + 1)
+                s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                p = gl.exp2(s * qk_scale - m_fixed)                           # one FMA and one exp2 per score
+                l_i = l_i + gl.sum(p, 1)
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+                acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
+                s, acc_now, p16 = warpgroup_mma_wait(0, deps=(s_tok, acc_tok, p16))
+                acc_tok = warpgroup_mma_init(acc_now)
+                _issue_load(v_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
+                            t + STAGES, t + STAGES < n_loads)                 # V's slot t: PV(t) is done
+            t_last = n_online + n_fixed - 1
+            p = gl.exp2(s * qk_scale - m_fixed)
             l_i = l_i + gl.sum(p, 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-            acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
-            s, acc_now, p16 = warpgroup_mma_wait(0, deps=(s_tok, acc_tok, p16))
-            acc_tok = warpgroup_mma_init(acc_now)
-            _issue_load(v_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
-                        t + STAGES, t + STAGES < n_loads)                 # V's slot t: PV(t) is done
-        t_last = n_online + n_fixed - 1
-        p = gl.exp2(s * qk_scale - m_fixed)
-        l_i = l_i + gl.sum(p, 1)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
-        acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
-        acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
+            acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
         # A score above its row's fixed maximum by more than P's dtype holds made P, hence acc, inf or NaN: then the
         # whole block again, online (rare; exact), through the same rings, loads numbered on from n_loads
         finite = (l_i < float("inf")) & (gl.convert_layout(gl.sum(gl.abs(acc), 1), rows_s) < float("inf"))
@@ -266,13 +296,14 @@ class GluonConfig:
     STAGES: int = 2
     num_warps: int = 4
     Q_IN_REGS: bool = False
+    P_SMEM: bool = False
     @property
-    def kwargs(self) -> dict: return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, STAGES=self.STAGES, Q_IN_REGS=self.Q_IN_REGS)
+    def kwargs(self) -> dict: return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, STAGES=self.STAGES, Q_IN_REGS=self.Q_IN_REGS, P_SMEM=self.P_SMEM)
     @property
     def num_stages(self) -> int: return self.STAGES     # so `_shape` and `_smem_bytes` read it as a `triton.Config`
     @property
     def label(self) -> str:                             # the benchmark's `config` column, the tuning log's names
-        return f"gluon {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.STAGES}" + (" qreg" if self.Q_IN_REGS else "")
+        return f"gluon {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.STAGES}" + (" qreg" if self.Q_IN_REGS else "") + (" psmem" if self.P_SMEM else "")
 
 HEAD_DIMS = (64, 128)   # a power of two for gl.arange, and what run 14 checked; other head dims take `_attn_fwd`
 CANDIDATES = (GluonConfig(64, 64, 2, 4, True), GluonConfig(64, 64, 2, 4), GluonConfig(64, 64, 3, 4),
