@@ -44,6 +44,7 @@ def test_every_candidate_compiles_for_sm90_without_spills_or_hazards(D, causal, 
     for r in sm90_reports(CANDIDATES, D, causal, dtype):
         assert r["stack_bytes"] == 0 and r["registers"] <= 255, r       # nothing spilled to local memory
         assert r["hazards"] == 0, r                                     # no register touched under a running wgmma
+        assert r["waits_leaving_one"] == ("psmem" in r["config"]), r   # PV(t) runs under softmax(t+1) in psmem loops only
         assert r["wgmma"] > 0 and r["shared_kib"] <= 227, r
 
 

@@ -88,8 +88,8 @@ def extract(raw, sass, commit, out, meta_from=None):
     rows = {}
     for r in csv.DictReader(lines):
         name = r["Kernel Name"]
-        provider = ("triton_fa2" if "_attn_fwd" in name else "sdpa_flash" if "flash" in name
-                    else "sdpa_cudnn" if "cudnn" in name or "sdpa" in name else name[:40])
+        provider = ("triton_fa2" if "_attn_fwd" in name else "sdpa_cudnn" if "cudnn" in name   # cuDNN's name holds "flash" too
+                    else "sdpa_flash" if "flash" in name else name[:40])
         key = KEEP.get(r["Metric Name"])
         if key: rows.setdefault(provider, dict(provider=provider, kernel=name[:80], **meta(commit, meta_from)))[key] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
     if sass and "triton_fa2" in rows: rows["triton_fa2"].update(json.loads(pathlib.Path(sass).read_text()))

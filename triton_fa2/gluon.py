@@ -375,8 +375,8 @@ def _cuobjdump(cubin:bytes, flag:str="-sass") -> str:
         return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
 
 def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.bfloat16) -> list:
-    """Each config compiled for sm_90 here, GPU or not: registers, spilled bytes, the SASS's wgmma and wait counts, and
-    `wgmma_hazards`. Under the interpreter, Triton's own helpers (`gl.max`, `gl.sum`) were swapped for Python ones when
+    """Each config compiled for sm_90 here, GPU or not: registers, spilled bytes, the SASS's wgmma and wait counts (and the
+    waits that leave one group running: a product overlapping what follows), and `wgmma_hazards`. Under the interpreter, Triton's own helpers (`gl.max`, `gl.sum`) were swapped for Python ones when
     triton_fa2 was imported, so the compiling happens in a fresh process without it."""
     if interpreting():
         import json, subprocess, sys
@@ -393,5 +393,6 @@ def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.b
         found = lambda pattern: int(m[1]) if (m := re.search(pattern, usage)) else None
         reports.append(dict(config=config.label, registers=found(r"REG:(\d+)"), stack_bytes=found(r"STACK:(\d+)"),
                             shared_kib=kernel.metadata.shared // 1024, wgmma=sass.count("HGMMA"),
-                            waits=sass.count("WARPGROUP.DEPBAR"), hazards=len(wgmma_hazards(sass))))
+                            waits=sass.count("WARPGROUP.DEPBAR"), waits_leaving_one=sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1"),
+                            hazards=len(wgmma_hazards(sass))))
     return reports
