@@ -1,0 +1,381 @@
+"""Issue 6, the next lever after run 22 (experiment, not in the package): the Gluon kernel with cuDNN's and FA3's
+schedule. One program owns 128 query rows and runs three partitions (`gl.warp_specialize`): a producer warp that only
+issues TMA loads of Q, K and V into shared-memory rings, and two consumer warpgroups of 64 rows each, which share every
+K/V tile (half the loads per row of the shipped kernel's two 64-row programs per SM) and get most of the registers
+(`setmaxnreg`, through `worker_num_regs` and `maxnreg`). Each consumer runs FA3's intra-warpgroup order: issue QKᵀ(t+1)
+and PV(t), wait for QKᵀ(t+1) only, softmax(t+1) while PV(t) runs (P through shared memory, as notebook 11's `P_SMEM`,
+so no register is live under PV(t) but its accumulator), then wait for PV(t) and rescale. The softmax is online on
+every tile: with the producer running ahead there is no cheap way to redo a block, so no fixed maximum and no fallback.
+Optional ping-pong (`PINGPONG`): the consumers take turns issuing their products, so one's softmax runs under the
+other's products (FA3's inter-warpgroup overlap), ordered by two mbarriers.
+
+    PYTHONPATH=. python3 tools/gluon_ws_attention.py --compile          # CPU: compile for sm_90, registers, spills, SASS counts
+    PYTHONPATH=. python3 tools/gluon_ws_attention.py --commit SHA --out ws.csv   # GPU: checks against float32, then timing
+"""
+import argparse, os, re, sys, time
+import torch, triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
+from triton_fa2.gluon import _load_row, _softmax_tile, _cuobjdump, wgmma_hazards, _GL_DTYPES
+
+LOG2E = 1.4426950408889634
+ROWS = 64          # rows per consumer warpgroup; a program owns 2 · ROWS
+
+
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                 off_z, off_h, off_hkv, first_pos, n_online, online_lo, n_loads, BLOCK_N: gl.constexpr):
+    "The loading warp: both consumers' Q tiles, then K and V tiles in the consumers' order, each slot when both freed it."
+    stages: gl.constexpr = k_smem.shape[0]
+    rows: gl.constexpr = q_smem.shape[3]
+    for c in gl.static_range(2):
+        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_z, off_h, first_pos + c * rows, 0], q_bars.index(c), q_smem.index(c))
+    for t in range(n_loads):
+        slot = t % stages
+        phase = (t // stages) & 1
+        row = _load_row(t, n_online, online_lo, BLOCK_N)
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)             # a fresh barrier counts as its phase 1 done
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_z, off_hkv, row, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [off_z, off_hkv, row, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _ready_tile(bars, smem, t):
+    "Wait for load t and return its (rows, D) tile."
+    stages: gl.constexpr = smem.shape[0]
+    mbarrier.wait(bars.index(t % stages), (t // stages) & 1)
+    tile = smem.index(t % stages)
+    return tile.reshape([tile.shape[2], tile.shape[3]])
+
+
+@gluon.jit
+def _take_turn(turn_bars, me: gl.constexpr, k, PINGPONG: gl.constexpr):
+    "Ping-pong: wait until it is this consumer's k-th turn to issue its products (consumer 0 goes first)."
+    if PINGPONG:
+        mbarrier.wait(turn_bars.index(me), (k & 1) ^ (1 - me))
+
+
+@gluon.jit
+def _give_turn(turn_bars, me: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn_bars.index(1 - me), count=1)
+
+
+@gluon.jit
+def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready,
+                 v_empty, turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads,
+                 full_end, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr):
+    "One consumer warpgroup: rows first_pos + me·64 …, every K/V tile the producer loads, online softmax, PV overlapped."
+    dtype: gl.constexpr = o_desc.dtype
+    rows: gl.constexpr = q_smem.shape[3]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    offset = seqlen_k - seqlen_q
+    offs_m = first_pos + me * rows + gl.arange(0, rows, layout=rows_s)
+    offs_n = gl.arange(0, BLOCK_N, layout=cols_s)
+    m_i = gl.full([rows], float("-inf"), gl.float32, layout=rows_s)
+    l_i = gl.zeros([rows], gl.float32, layout=rows_s)
+    acc = gl.zeros([rows, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([rows, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bars.index(me), 0)
+    q = q_smem.index(me).reshape([rows, HEAD_DIM])
+    if n_loads > 0:
+        _take_turn(turn_bars, me, 0, PINGPONG)
+        k = _ready_tile(k_ready, k_smem, 0)
+        s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _give_turn(turn_bars, me, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(0, n_online, online_lo, BLOCK_N),
+                                           full_end, seqlen_k, offset, qk_scale, CAUSAL)
+        p_smem.index(me * 2).store(p.to(dtype))
+        fence_async_shared()
+        acc_tok = warpgroup_mma_init(acc)
+        for t in range(0, n_loads - 1):
+            _take_turn(turn_bars, me, t + 1, PINGPONG)
+            k = _ready_tile(k_ready, k_smem, t + 1)
+            s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc_tok = warpgroup_mma(p_smem.index(me * 2 + t % 2), _ready_tile(v_ready, v_smem, t), acc_tok, is_async=True)
+            _give_turn(turn_bars, me, PINGPONG)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))                  # QKᵀ(t+1) done; PV(t) may still run
+            mbarrier.arrive(k_empty.index((t + 1) % k_smem.shape[0]), count=1)
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N),
+                                               full_end, seqlen_k, offset, qk_scale, CAUSAL)
+            p_smem.index(me * 2 + (t + 1) % 2).store(p.to(dtype))     # PV(t−1), its last reader, is retired
+            fence_async_shared()
+            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+            mbarrier.arrive(v_empty.index(t % v_smem.shape[0]), count=1)
+            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+            acc_tok = warpgroup_mma_init(acc)
+        t_last = n_loads - 1
+        acc_tok = warpgroup_mma(p_smem.index(me * 2 + t_last % 2), _ready_tile(v_ready, v_smem, t_last), acc_tok, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+        mbarrier.arrive(v_empty.index(t_last % v_smem.shape[0]), count=1)
+    seen_nothing = l_i == 0.0
+    l_safe = gl.where(seen_nothing, 1.0, l_i)
+    o = acc / gl.convert_layout(l_safe, rows_o)[:, None]
+    lse = gl.where(seen_nothing, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    gl.store(LSE + off_zh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    o_smem = q_smem.index(me)                                          # Q's tile is no longer read: O goes out through it
+    o_smem.reshape([rows, HEAD_DIM]).store(o.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [off_z, off_h, first_pos + me * rows, 0], o_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _ws_consumer0(o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                  off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
+                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr):
+    _ws_consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                 off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
+                 HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)
+
+
+@gluon.jit
+def _ws_consumer1(o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                  off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
+                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr):
+    _ws_consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                 off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
+                 HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)
+
+
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size"])
+def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
+                 HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    rows: gl.constexpr = q_desc.block_type.shape[2]
+    block_m: gl.constexpr = 2 * rows
+    pid = gl.program_id(0)
+    num_m_blocks = gl.cdiv(seqlen_q, block_m)
+    start_m = pid % num_m_blocks
+    if CAUSAL: start_m = num_m_blocks - 1 - start_m     # the blocks that see the most keys start first
+    off_zh = pid // num_m_blocks
+    off_z = off_zh // num_heads
+    off_h = off_zh % num_heads
+    off_hkv = off_h // group_size
+    # The tiles of the whole 128-row block, in the shipped kernel's order: the masked run first, then key 0 onwards
+    offset = seqlen_k - seqlen_q
+    first_pos = start_m * block_m
+    last_pos = gl.minimum(first_pos + block_m, seqlen_q) - 1
+    if CAUSAL:
+        fewest = gl.minimum(gl.maximum(first_pos + offset + 1, 0), seqlen_k)
+        end = gl.minimum(gl.maximum(last_pos + offset + 1, 0), seqlen_k)
+    else:
+        fewest = seqlen_k
+        end = seqlen_k
+    full_end = (fewest // BLOCK_N) * BLOCK_N
+    online_lo = (gl.maximum(fewest - 1, 0) // BLOCK_N) * BLOCK_N
+    n_online = gl.cdiv(gl.maximum(end - online_lo, 0), BLOCK_N)
+    n_loads = n_online + online_lo // BLOCK_N
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, rows, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    p_smem = gl.allocate_shared_memory(dtype, [4, rows, BLOCK_N], gl.NVMMASharedLayout.get_default_for([rows, BLOCK_N], dtype))
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(turn_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)      # both consumers release a slot
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    # (the argument tuples are written out in the call: a tuple assigned to a name first would turn its constexprs into tensors)
+    gl.warp_specialize([(_ws_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                                         turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
+                                         online_lo, n_loads, full_end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)),
+                        (_ws_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                                         turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
+                                         online_lo, n_loads, full_end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)),
+                        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                                        v_empty, off_z, off_h, off_hkv, first_pos, n_online, online_lo, n_loads, BLOCK_N))],
+                       [4, 1], [CONSUMER_REGS, 24])
+
+
+def _descriptor(t, rows):
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, t.shape[-1]], _GL_DTYPES[t.dtype])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]], layout)
+
+
+def _arguments(q, k, v, o, lse, causal, scale, BLOCK_N=64, STAGES=2, PINGPONG=False, CONSUMER_REGS=240):
+    B, Hq, Lq, D = q.shape
+    named = dict(q_desc=_descriptor(q, ROWS), k_desc=_descriptor(k, BLOCK_N), v_desc=_descriptor(v, BLOCK_N),
+                 o_desc=_descriptor(o, ROWS), LSE=lse, seqlen_q=Lq, seqlen_k=k.shape[2], num_heads=Hq,
+                 group_size=Hq // k.shape[1], qk_scale=scale * LOG2E, HEAD_DIM=D, CAUSAL=causal, BLOCK_N=BLOCK_N,
+                 STAGES=STAGES, PINGPONG=PINGPONG, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+    return named, triton.cdiv(Lq, 2 * ROWS) * B * Hq
+
+
+def maxnreg_for(consumer_regs):
+    """Registers per thread the launch assumes (`maxnreg`), such that three warpgroups at that count hold what the two
+    consumers (`consumer_regs` each, the default partition getting what is left) and the producer (24) are given:
+    consumer_regs a multiple of 24 (192, 216, 240)."""
+    assert (2 * consumer_regs + 24) % 24 == 0, f"consumer registers {consumer_regs}: use 192, 216 or 240"
+    return (2 * consumer_regs + 24) // 3
+
+
+def attention_ws(q, k, v, causal=False, scale=None, **config):
+    "q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D) views that TMA can read; returns (o, lse)."
+    D = q.shape[-1]
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    named, grid = _arguments(q, k, v, o, lse, causal, D ** -0.5 if scale is None else scale, **config)
+    _attn_fwd_ws[(grid,)](**named, maxnreg=maxnreg_for(named["CONSUMER_REGS"]))
+    return o, lse
+
+
+def compile_sm90(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, **config):
+    "Compile for sm_90 without a GPU (CPU tensors stand in), as `triton_fa2.gluon._compile_sm90`."
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+    q, k, v = (torch.empty(B, H, N, D, dtype=dtype) for _ in range(3))
+    named, _ = _arguments(q, k, v, torch.empty_like(q), torch.empty(B, H, N), causal, D ** -0.5, **config)
+    target = GPUTarget("cuda", 90, 32)
+    backend, fn = CUDABackend(target), _attn_fwd_ws
+    kwargs = dict(named, maxnreg=maxnreg_for(named["CONSUMER_REGS"]))
+    bound, specialization, options = create_function_from_signature(fn.signature, fn.params, backend)(**kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def report(kernel):
+    usage, sass = _cuobjdump(kernel.asm["cubin"], "-res-usage"), _cuobjdump(kernel.asm["cubin"])
+    found = lambda pattern: int(m[1]) if (m := re.search(pattern, usage)) else None
+    return dict(registers=found(r"REG:(\d+)"), stack_bytes=found(r"STACK:(\d+)"), shared_kib=kernel.metadata.shared // 1024,
+                wgmma=sass.count("HGMMA"), waits=sass.count("WARPGROUP.DEPBAR"),
+                waits_leaving_one=sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1"), setmaxnreg=len(re.findall(r"USETMAXREG", sass)),
+                hazards=len(wgmma_hazards(sass))), sass
+
+
+def _reference(q, k, v, causal, scale):
+    qf, kf, vf = q.float(), k.float(), v.float()
+    if k.shape[1] != q.shape[1]:
+        kf, vf = (t.repeat_interleave(q.shape[1] // k.shape[1], 1) for t in (kf, vf))
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        Lq, Lk = q.shape[2], k.shape[2]
+        keep = torch.arange(Lk, device=q.device)[None, :] <= torch.arange(Lq, device=q.device)[:, None] + (Lk - Lq)
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.nan_to_num(torch.softmax(s, -1)) @ vf, torch.logsumexp(s, -1)
+
+
+CHECKS = [(1, 2, 17, 64, True), (2, 4, 1000, 128, True), (2, 4, 1000, 128, False), (1, 2, 300, 128, True, 700),
+          (1, 2, 700, 64, True, 300), (2, 8, 2048, 128, True), (1, 1, 1, 128, False), (2, 8, 128, 128, True, 64)] \
+         + [(2, 4, 4096, 64, True)] * 3 + [(4, 8, 4096, 128, True), (8, 32, 2048, 64, False), (2, 4, 256, 128, False, 8192)]
+
+
+def gpu_checks(configs):
+    "Every config on odd shapes (Lq ≠ Lk both ways, rows that see no key, one row) against float32; poisoned outputs."
+    ok_all = True
+    for cfg in configs:
+        for dtype in (torch.bfloat16, torch.float16):
+            for B, H, Lq, D, causal, *lk in CHECKS:
+                Lk = lk[0] if lk else Lq
+                torch.manual_seed(1)
+                q = torch.randn(B, H, Lq, D, device="cuda", dtype=dtype)
+                k, v = (torch.randn(B, H, Lk, D, device="cuda", dtype=dtype) for _ in range(2))
+                try:
+                    o, lse = attention_ws(q, k, v, causal, **cfg)
+                    torch.cuda.synchronize()
+                    ref, ref_lse = _reference(q, k, v, causal, D ** -0.5)
+                    err = (o.float() - ref).abs().max().item()
+                    seen = torch.isfinite(ref_lse)
+                    lse_err = (lse - ref_lse)[seen].abs().max().item() if seen.any() else 0.0
+                    good = err <= 2e-2 and lse_err <= 1e-3 and not o.isnan().any().item() \
+                        and bool((lse[~seen] == float("-inf")).all())
+                except Exception as e:
+                    err, lse_err, good = float("nan"), float("nan"), False
+                    print("   error", cfg, (B, H, Lq, Lk, D, causal), type(e).__name__, str(e)[:300], flush=True)
+                ok_all &= good
+                if not good: print(f"   WRONG {cfg} {dtype} {(B, H, Lq, Lk, D, causal)} err {err:.3e} lse {lse_err:.3e}", flush=True)
+        print(f"checked {cfg}", flush=True)
+    print("ALL CHECKS PASSED" if ok_all else "SOME CHECKS FAILED", flush=True)
+    return ok_all
+
+
+def gpu_time(configs, out, commit):
+    "The timing shapes: each config against the package's pick, FA2 and cuDNN, one process (do_bench and CUDA graphs)."
+    import csv, datetime
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import triton_fa2
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=commit,
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
+    rows = []
+    for B, H, N, D, causal, dtype in [(8, 32, 2048, 128, True, torch.bfloat16), (8, 32, 2048, 128, False, torch.bfloat16),
+                                      (8, 32, 2048, 64, True, torch.bfloat16), (1, 32, 16384, 128, True, torch.bfloat16),
+                                      (4, 32, 4096, 64, False, torch.bfloat16), (8, 32, 2048, 128, True, torch.float16)]:
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+        flops = 4 * B * H * N * N * D / (2 if causal else 1)
+        def sdpa(backend):
+            def run():
+                with sdpa_kernel(backend): return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return run
+        runs = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+                "triton_fa2": lambda: triton_fa2.attention(q, k, v, causal=causal)}
+        for cfg in configs:
+            runs["ws " + " ".join(f"{a}={b}" for a, b in cfg.items())] = lambda cfg=cfg: attention_ws(q, k, v, causal, **cfg)
+        for name, fn in runs.items():
+            row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=str(dtype).split(".")[-1], provider=name, **meta)
+            try:
+                fn(); torch.cuda.synchronize()
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                ms_graph = triton.testing.do_bench_cudagraph(fn, rep=100)
+                row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", ms_graph=f"{ms_graph:.4f}")
+            except Exception as e:
+                row.update(ms="", tflops="", ms_graph="")
+                print("   error", name, type(e).__name__, str(e)[:200], flush=True)
+            rows.append(row)
+            print(f"({B}, {H}, {N}, {D}) {row['dtype']} {'causal' if causal else 'full'} {name:<44} {row['tflops']} TFLOP/s"
+                  f"  (graph {row['ms_graph']} ms)", flush=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0])); w.writeheader(); w.writerows(rows)
+
+
+def parse(configs):
+    "'BLOCK_N,STAGES,PINGPONG,CONSUMER_REGS;...' → list of config dicts."
+    keys = ("BLOCK_N", "STAGES", "PINGPONG", "CONSUMER_REGS")
+    return [{k: (bool(int(x)) if k == "PINGPONG" else int(x)) for k, x in zip(keys, c.split(","))} for c in configs.split(";") if c]
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--configs", default="64,2,0,240;64,2,1,240;128,2,0,240;128,2,1,240")
+    ap.add_argument("--out", default="gluon_ws.csv"); ap.add_argument("--commit", default="unknown")
+    a = ap.parse_args()
+    configs = parse(a.configs)
+    if a.compile:
+        for cfg in configs:
+            for D, causal, dtype in ((128, True, torch.bfloat16), (64, False, torch.float16)):
+                t0 = time.time()
+                try:
+                    r, sass = report(compile_sm90(D=D, causal=causal, dtype=dtype, **cfg))
+                    print(cfg, D, causal, dtype, r, f"{time.time() - t0:.0f} s", flush=True)
+                    if os.environ.get("SASS_OUT"): open(f"{os.environ['SASS_OUT']}_{D}.sass", "w").write(sass)
+                except Exception as e:
+                    print(cfg, D, causal, dtype, "FAILED", type(e).__name__, str(e)[:1500], flush=True)
+    elif gpu_checks(configs):
+        gpu_time(configs, a.out, a.commit)
