@@ -19,7 +19,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
-from triton_fa2.gluon import _load_row, _softmax_tile, _cuobjdump, wgmma_hazards, _GL_DTYPES
+from triton_fa2.gluon import _key_plan, _load_row, _softmax_tile, _cuobjdump, wgmma_hazards, _GL_DTYPES
+sys.path.insert(0, os.path.dirname(__file__))
+from gluon_attention import check_against_float32, time_against_yardsticks
 
 LOG2E = 1.4426950408889634
 ROWS = 64          # rows per consumer warpgroup; a program owns 2 · ROWS
@@ -133,24 +135,6 @@ def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, 
     tma.store_wait(0)
 
 
-@gluon.jit
-def _ws_consumer0(o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                  off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
-                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr):
-    _ws_consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                 off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
-                 HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)
-
-
-@gluon.jit
-def _ws_consumer1(o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                  off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
-                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr):
-    _ws_consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                 off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end,
-                 HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)
-
-
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size"])
 def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -167,19 +151,9 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     off_h = off_zh % num_heads
     off_hkv = off_h // group_size
     # The tiles of the whole 128-row block, in the shipped kernel's order: the masked run first, then key 0 onwards
-    offset = seqlen_k - seqlen_q
     first_pos = start_m * block_m
-    last_pos = gl.minimum(first_pos + block_m, seqlen_q) - 1
-    if CAUSAL:
-        fewest = gl.minimum(gl.maximum(first_pos + offset + 1, 0), seqlen_k)
-        end = gl.minimum(gl.maximum(last_pos + offset + 1, 0), seqlen_k)
-    else:
-        fewest = seqlen_k
-        end = seqlen_k
-    full_end = (fewest // BLOCK_N) * BLOCK_N
-    online_lo = (gl.maximum(fewest - 1, 0) // BLOCK_N) * BLOCK_N
-    n_online = gl.cdiv(gl.maximum(end - online_lo, 0), BLOCK_N)
-    n_loads = n_online + online_lo // BLOCK_N
+    end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, block_m, BLOCK_N, CAUSAL)
+    n_loads = n_online + n_fixed
 
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, rows, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -201,10 +175,10 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
         mbarrier.init(v_empty.index(i), count=2)
 
     # (the argument tuples are written out in the call: a tuple assigned to a name first would turn its constexprs into tensors)
-    gl.warp_specialize([(_ws_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+    gl.warp_specialize([(_ws_consumer, (0, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
                                          turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
                                          online_lo, n_loads, full_end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)),
-                        (_ws_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                        (_ws_consumer, (1, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
                                          turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
                                          online_lo, n_loads, full_end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)),
                         (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
@@ -234,11 +208,11 @@ def maxnreg_for(consumer_regs):
     return (2 * consumer_regs + 24) // 3
 
 
-def attention_ws(q, k, v, causal=False, scale=None, **config):
+def attention_ws(q, k, v, causal=False, scale=None, poison=False, **config):
     "q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D) views that TMA can read; returns (o, lse)."
     D = q.shape[-1]
-    o = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    o = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)   # poisoned: an unwritten element reads NaN
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device) if poison else torch.empty(q.shape[:3], device=q.device)
     named, grid = _arguments(q, k, v, o, lse, causal, D ** -0.5 if scale is None else scale, **config)
     _attn_fwd_ws[(grid,)](**named, maxnreg=maxnreg_for(named["CONSUMER_REGS"]))
     return o, lse
@@ -269,18 +243,6 @@ def report(kernel):
                 hazards=len(wgmma_hazards(sass))), sass
 
 
-def _reference(q, k, v, causal, scale):
-    qf, kf, vf = q.float(), k.float(), v.float()
-    if k.shape[1] != q.shape[1]:
-        kf, vf = (t.repeat_interleave(q.shape[1] // k.shape[1], 1) for t in (kf, vf))
-    s = qf @ kf.transpose(-1, -2) * scale
-    if causal:
-        Lq, Lk = q.shape[2], k.shape[2]
-        keep = torch.arange(Lk, device=q.device)[None, :] <= torch.arange(Lq, device=q.device)[:, None] + (Lk - Lq)
-        s = s.masked_fill(~keep, float("-inf"))
-    return torch.nan_to_num(torch.softmax(s, -1)) @ vf, torch.logsumexp(s, -1)
-
-
 CHECKS = [(1, 2, 17, 64, True), (2, 4, 1000, 128, True), (2, 4, 1000, 128, False), (1, 2, 300, 128, True, 700),
           (1, 2, 700, 64, True, 300), (2, 8, 2048, 128, True), (1, 1, 1, 128, False), (2, 8, 128, 128, True, 64)] \
          + [(2, 4, 4096, 64, True)] * 3 + [(4, 8, 4096, 128, True), (8, 32, 2048, 64, False), (2, 4, 256, 128, False, 8192)]
@@ -292,24 +254,8 @@ def gpu_checks(configs):
     for cfg in configs:
         for dtype in (torch.bfloat16, torch.float16):
             for B, H, Lq, D, causal, *lk in CHECKS:
-                Lk = lk[0] if lk else Lq
-                torch.manual_seed(1)
-                q = torch.randn(B, H, Lq, D, device="cuda", dtype=dtype)
-                k, v = (torch.randn(B, H, Lk, D, device="cuda", dtype=dtype) for _ in range(2))
-                try:
-                    o, lse = attention_ws(q, k, v, causal, **cfg)
-                    torch.cuda.synchronize()
-                    ref, ref_lse = _reference(q, k, v, causal, D ** -0.5)
-                    err = (o.float() - ref).abs().max().item()
-                    seen = torch.isfinite(ref_lse)
-                    lse_err = (lse - ref_lse)[seen].abs().max().item() if seen.any() else 0.0
-                    good = err <= 2e-2 and lse_err <= 1e-3 and not o.isnan().any().item() \
-                        and bool((lse[~seen] == float("-inf")).all())
-                except Exception as e:
-                    err, lse_err, good = float("nan"), float("nan"), False
-                    print("   error", cfg, (B, H, Lq, Lk, D, causal), type(e).__name__, str(e)[:300], flush=True)
-                ok_all &= good
-                if not good: print(f"   WRONG {cfg} {dtype} {(B, H, Lq, Lk, D, causal)} err {err:.3e} lse {lse_err:.3e}", flush=True)
+                run = lambda q, k, v, causal: attention_ws(q, k, v, causal, poison=True, **cfg)
+                ok_all &= check_against_float32(run, B, H, Lq, lk[0] if lk else Lq, D, causal, dtype, label=cfg)
         print(f"checked {cfg}", flush=True)
     print("ALL CHECKS PASSED" if ok_all else "SOME CHECKS FAILED", flush=True)
     return ok_all
@@ -317,41 +263,9 @@ def gpu_checks(configs):
 
 def gpu_time(configs, out, commit):
     "The timing shapes: each config against the package's pick, FA2 and cuDNN, one process (do_bench and CUDA graphs)."
-    import csv, datetime
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    import triton_fa2
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=commit,
-                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
-    rows = []
-    for B, H, N, D, causal, dtype in [(8, 32, 2048, 128, True, torch.bfloat16), (8, 32, 2048, 128, False, torch.bfloat16),
-                                      (8, 32, 2048, 64, True, torch.bfloat16), (1, 32, 16384, 128, True, torch.bfloat16),
-                                      (4, 32, 4096, 64, False, torch.bfloat16), (8, 32, 2048, 128, True, torch.float16)]:
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
-        flops = 4 * B * H * N * N * D / (2 if causal else 1)
-        def sdpa(backend):
-            def run():
-                with sdpa_kernel(backend): return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            return run
-        runs = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-                "triton_fa2": lambda: triton_fa2.attention(q, k, v, causal=causal)}
-        for cfg in configs:
-            runs["ws " + " ".join(f"{a}={b}" for a, b in cfg.items())] = lambda cfg=cfg: attention_ws(q, k, v, causal, **cfg)
-        for name, fn in runs.items():
-            row = dict(B=B, H=H, N=N, D=D, causal=int(causal), dtype=str(dtype).split(".")[-1], provider=name, **meta)
-            try:
-                fn(); torch.cuda.synchronize()
-                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                ms_graph = triton.testing.do_bench_cudagraph(fn, rep=100)
-                row.update(ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", ms_graph=f"{ms_graph:.4f}")
-            except Exception as e:
-                row.update(ms="", tflops="", ms_graph="")
-                print("   error", name, type(e).__name__, str(e)[:200], flush=True)
-            rows.append(row)
-            print(f"({B}, {H}, {N}, {D}) {row['dtype']} {'causal' if causal else 'full'} {name:<44} {row['tflops']} TFLOP/s"
-                  f"  (graph {row['ms_graph']} ms)", flush=True)
-    with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0])); w.writeheader(); w.writerows(rows)
+    time_against_yardsticks(lambda q, k, v, causal: {"ws " + " ".join(f"{a}={b}" for a, b in cfg.items()):
+                                                     (lambda cfg=cfg: attention_ws(q, k, v, causal, **cfg)) for cfg in configs},
+                            out, commit)
 
 
 def parse(configs):

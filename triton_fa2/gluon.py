@@ -88,6 +88,22 @@ def _load_row(t, n_online, online_lo, BLOCK_N: gl.constexpr):
     return gl.where(t < n_online, online_lo + t * BLOCK_N, (t - n_online) * BLOCK_N)
 
 @gluon.jit
+def _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The key tiles of the block of rows from `first_pos`, as `_kv_key_bounds`: keys [0, full_end) need no mask, [full_end,
+    end) do (the causal diagonal, Lk's partial last tile). The masked run goes first and online, from `online_lo`
+    (`n_online` tiles); then the `n_fixed` tiles from key 0, each row's maximum from the masked run fixed (as `_attn_fwd`)."""
+    offset = seqlen_k - seqlen_q                        # bottom-right: query i sees keys 0 … i + offset
+    last_pos = gl.minimum(first_pos + BLOCK_M, seqlen_q) - 1
+    if CAUSAL:
+        fewest = gl.minimum(gl.maximum(first_pos + offset + 1, 0), seqlen_k)
+        end = gl.minimum(gl.maximum(last_pos + offset + 1, 0), seqlen_k)
+    else:
+        fewest = seqlen_k
+        end = seqlen_k
+    online_lo = (gl.maximum(fewest - 1, 0) // BLOCK_N) * BLOCK_N
+    return end, (fewest // BLOCK_N) * BLOCK_N, online_lo, gl.cdiv(gl.maximum(end - online_lo, 0), BLOCK_N), online_lo // BLOCK_N
+
+@gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offset, qk_scale, CAUSAL: gl.constexpr):
     "Online softmax of one tile of raw scores (masked from `full_end` on): P (float32), α, the new running sum and max."
     qk = s * qk_scale                                           # base-2 logits, whatever the scale's sign
@@ -141,21 +157,9 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
 
-    # Keys [0, full_end) need no mask, [full_end, end) do (the causal diagonal, Lk's partial last tile); as `_kv_key_bounds`
     offset = seqlen_k - seqlen_q                        # bottom-right: query i sees keys 0 … i + offset
     first_pos = start_m * BLOCK_M
-    last_pos = gl.minimum(first_pos + BLOCK_M, seqlen_q) - 1
-    if CAUSAL:
-        fewest = gl.minimum(gl.maximum(first_pos + offset + 1, 0), seqlen_k)
-        end = gl.minimum(gl.maximum(last_pos + offset + 1, 0), seqlen_k)
-    else:
-        fewest = seqlen_k
-        end = seqlen_k
-    full_end = (fewest // BLOCK_N) * BLOCK_N
-    # The masked run goes first, online; each row's maximum from it stays fixed for the unmasked tiles (as `_attn_fwd`)
-    online_lo = (gl.maximum(fewest - 1, 0) // BLOCK_N) * BLOCK_N
-    n_online = gl.cdiv(gl.maximum(end - online_lo, 0), BLOCK_N)
-    n_fixed = online_lo // BLOCK_N
+    end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     n_loads = n_online + n_fixed                       # load t: key tile online_lo/BLOCK_N + t, then t − n_online
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
@@ -195,54 +199,44 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
     # compute it, issues PV(t), and waits for both. The wait follows an issue that needs the softmax's P, so ptxas
     # cannot hoist it above the softmax; and PV(t) is retired before softmax(t+1) writes P(t+1) (see the prose).
     if n_fixed > 0:
-        if P_SMEM:
-            # PV(t) reads P(t) from a two-slot shared-memory ring and runs under softmax(t+1): nothing in registers is
-            # live under it but its accumulator, so ptxas has no P registers to reuse (the race of runs 12–13)
+        if P_SMEM:   # PV(t) reads P(t) from a two-slot ring in shared memory and runs under softmax(t+1) (last section)
             p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
-            k = _wait_slot(k_bars, k_smem, n_online)
-            s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
+        k = _wait_slot(k_bars, k_smem, n_online)
+        s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
+        if P_SMEM:
             p = gl.exp2(s * qk_scale - m_fixed)
             l_i = l_i + gl.sum(p, 1)
             p_smem.index(0).store(p.to(dtype))
             fence_async_shared()
-            acc_tok = warpgroup_mma_init(acc)
-            for step in range(0, n_fixed - 1):
-                t = n_online + step
-                _issue_load(k_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
-                            t + STAGES < n_loads)                             # K's slot t: QKᵀ(t) is done
-                k = _wait_slot(k_bars, k_smem, t + 1)
-                s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc_tok = warpgroup_mma_init(acc)
+        for step in range(0, n_fixed - 1):
+            t = n_online + step
+            _issue_load(k_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
+                        t + STAGES < n_loads)                             # K's slot t: QKᵀ(t) is done
+            k = _wait_slot(k_bars, k_smem, t + 1)
+            s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            if P_SMEM:
                 acc_tok = warpgroup_mma(p_smem.index(step % 2), _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
-                s = warpgroup_mma_wait(1, deps=(s_tok,))                      # QKᵀ(t+1) done; PV(t) may still run
+                s = warpgroup_mma_wait(1, deps=(s_tok,))                  # QKᵀ(t+1) done; PV(t) may still run
                 p = gl.exp2(s * qk_scale - m_fixed)
                 l_i = l_i + gl.sum(p, 1)
-                p_smem.index((step + 1) % 2).store(p.to(dtype))               # PV(t−1), its last reader, is retired
+                p_smem.index((step + 1) % 2).store(p.to(dtype))           # PV(t−1), its last reader, is retired
                 fence_async_shared()
                 acc_tok = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc_tok,)))
-                _issue_load(v_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
-                            t + STAGES, t + STAGES < n_loads)                 # V's slot t: PV(t) is done
-            t_last = n_online + n_fixed - 1
-            acc_tok = warpgroup_mma(p_smem.index((n_fixed - 1) % 2), _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-        else:
-            k = _wait_slot(k_bars, k_smem, n_online)
-            s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
-            acc_tok = warpgroup_mma_init(acc)
-            for step in range(0, n_fixed - 1):
-                t = n_online + step
-                _issue_load(k_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
-                            t + STAGES < n_loads)                             # K's slot t: QKᵀ(t) is done
-                k = _wait_slot(k_bars, k_smem, t + 1)
-                s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                p = gl.exp2(s * qk_scale - m_fixed)                           # one FMA and one exp2 per score
+            else:
+                p = gl.exp2(s * qk_scale - m_fixed)                       # one FMA and one exp2 per score
                 l_i = l_i + gl.sum(p, 1)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
                 s, acc_now, p16 = warpgroup_mma_wait(0, deps=(s_tok, acc_tok, p16))
                 acc_tok = warpgroup_mma_init(acc_now)
-                _issue_load(v_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
-                            t + STAGES, t + STAGES < n_loads)                 # V's slot t: PV(t) is done
-            t_last = n_online + n_fixed - 1
+            _issue_load(v_desc, off_z, off_hkv, (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
+                        t + STAGES, t + STAGES < n_loads)                 # V's slot t: PV(t) is done
+        t_last = n_online + n_fixed - 1
+        if P_SMEM:
+            acc_tok = warpgroup_mma(p_smem.index((n_fixed - 1) % 2), _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+        else:
             p = gl.exp2(s * qk_scale - m_fixed)
             l_i = l_i + gl.sum(p, 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
