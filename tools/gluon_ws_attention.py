@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
-from triton_fa2.gluon import _key_plan, _load_row, _softmax_tile, _cuobjdump, wgmma_hazards, _GL_DTYPES
+from triton_fa2.gluon import _key_plan, _load_row, _wait_slot, _softmax_tile, _cuobjdump, wgmma_hazards, _GL_DTYPES
 sys.path.insert(0, os.path.dirname(__file__))
 from gluon_attention import check_against_float32, time_against_yardsticks
 
@@ -46,15 +46,6 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready
         mbarrier.wait(v_empty.index(slot), phase ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [off_z, off_hkv, row, 0], v_ready.index(slot), v_smem.index(slot))
-
-
-@gluon.jit
-def _ready_tile(bars, smem, t):
-    "Wait for load t and return its (rows, D) tile."
-    stages: gl.constexpr = smem.shape[0]
-    mbarrier.wait(bars.index(t % stages), (t // stages) & 1)
-    tile = smem.index(t % stages)
-    return tile.reshape([tile.shape[2], tile.shape[3]])
 
 
 @gluon.jit
@@ -93,7 +84,7 @@ def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, 
     q = q_smem.index(me).reshape([rows, HEAD_DIM])
     if n_loads > 0:
         _take_turn(turn_bars, me, 0, PINGPONG)
-        k = _ready_tile(k_ready, k_smem, 0)
+        k = _wait_slot(k_ready, k_smem, 0)
         s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _give_turn(turn_bars, me, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
@@ -105,9 +96,9 @@ def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, 
         acc_tok = warpgroup_mma_init(acc)
         for t in range(0, n_loads - 1):
             _take_turn(turn_bars, me, t + 1, PINGPONG)
-            k = _ready_tile(k_ready, k_smem, t + 1)
+            k = _wait_slot(k_ready, k_smem, t + 1)
             s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_smem.index(me * 2 + t % 2), _ready_tile(v_ready, v_smem, t), acc_tok, is_async=True)
+            acc_tok = warpgroup_mma(p_smem.index(me * 2 + t % 2), _wait_slot(v_ready, v_smem, t), acc_tok, is_async=True)
             _give_turn(turn_bars, me, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s_tok,))                  # QKᵀ(t+1) done; PV(t) may still run
             mbarrier.arrive(k_empty.index((t + 1) % k_smem.shape[0]), count=1)
@@ -120,7 +111,7 @@ def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, 
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
             acc_tok = warpgroup_mma_init(acc)
         t_last = n_loads - 1
-        acc_tok = warpgroup_mma(p_smem.index(me * 2 + t_last % 2), _ready_tile(v_ready, v_smem, t_last), acc_tok, is_async=True)
+        acc_tok = warpgroup_mma(p_smem.index(me * 2 + t_last % 2), _wait_slot(v_ready, v_smem, t_last), acc_tok, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc_tok,))
         mbarrier.arrive(v_empty.index(t_last % v_smem.shape[0]), count=1)
     seen_nothing = l_i == 0.0
