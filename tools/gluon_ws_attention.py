@@ -5,7 +5,9 @@ K/V tile (half the loads per row of the shipped kernel's two 64-row programs per
 (`setmaxnreg`, through `worker_num_regs` and `maxnreg`). Each consumer runs FA3's intra-warpgroup order: issue QKᵀ(t+1)
 and PV(t), wait for QKᵀ(t+1) only, softmax(t+1) while PV(t) runs (P through shared memory, as notebook 11's `P_SMEM`,
 so no register is live under PV(t) but its accumulator), then wait for PV(t) and rescale. The softmax is online on
-every tile: with the producer running ahead there is no cheap way to redo a block, so no fixed maximum and no fallback.
+every tile, or (`FIXED_MAX`) on the masked run only, each row's maximum from it then fixed for the unmasked tiles as in
+the package's kernels; if P overflowed, the consumer redoes its block online, loading its own tiles into ring slot `me`
+once both consumers are done with the rings (a barrier of count 2).
 Optional ping-pong (`PINGPONG`): the consumers take turns issuing their products, so one's softmax runs under the
 other's products (FA3's inter-warpgroup overlap), ordered by two mbarriers.
 
@@ -62,14 +64,48 @@ def _give_turn(turn_bars, me: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready,
-                 v_empty, turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads,
-                 full_end, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr):
-    "One consumer warpgroup: rows first_pos + me·64 …, every K/V tile the producer loads, online softmax, PV overlapped."
+def _ws_step(me: gl.constexpr, t, q, acc, m_i, l_i, m_fixed, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem, k_ready, k_empty,
+             v_ready, v_empty, turn_bars, seqlen_k, offset, qk_scale, n_online, online_lo, full_end,
+             HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, ONLINE: gl.constexpr):
+    """Iteration t of a consumer: issue QKᵀ(t+1) and PV(t) (P(t) from shared memory), softmax(t+1) while PV(t) runs,
+    P(t+1) to the other slot, then wait for PV(t); online (running maximum, rescale) or with each row's maximum fixed."""
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    _take_turn(turn_bars, me, t + 1, PINGPONG)
+    k = _wait_slot(k_ready, k_smem, t + 1)
+    s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    acc_tok = warpgroup_mma(p_smem.index(me * 2 + t % 2), _wait_slot(v_ready, v_smem, t), warpgroup_mma_init(acc), is_async=True)
+    _give_turn(turn_bars, me, PINGPONG)
+    s = warpgroup_mma_wait(1, deps=(s_tok,))                          # QKᵀ(t+1) done; PV(t) may still run
+    mbarrier.arrive(k_empty.index((t + 1) % k_smem.shape[0]), count=1)
+    if ONLINE:
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N),
+                                           full_end, seqlen_k, offset, qk_scale, CAUSAL)
+    else:
+        p = gl.exp2(s * qk_scale - m_fixed[:, None])                  # one FMA and one exp2 per score, no rescale
+        l_i = l_i + gl.sum(p, 1)
+    p_smem.index(me * 2 + (t + 1) % 2).store(p.to(p_smem.dtype))     # PV(t−1), its last reader, is retired
+    fence_async_shared()
+    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+    mbarrier.arrive(v_empty.index(t % v_smem.shape[0]), count=1)
+    if ONLINE:
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty,
+                 v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv, off_zh, first_pos, seqlen_q,
+                 seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end, end, HEAD_DIM: gl.constexpr,
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr):
+    """One consumer warpgroup: rows first_pos + me·64 …, every K/V tile the producer loads, PV overlapped. The masked run
+    online; then, with FIXED_MAX, each row's maximum from it fixed for the unmasked tiles, and the block redone online
+    (loading its own tiles into ring slot `me` once both consumers are done with the rings) if P overflowed."""
     dtype: gl.constexpr = o_desc.dtype
     rows: gl.constexpr = q_smem.shape[3]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -82,7 +118,7 @@ def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, 
     s_zero = gl.zeros([rows, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bars.index(me), 0)
     q = q_smem.index(me).reshape([rows, HEAD_DIM])
-    if n_loads > 0:
+    if n_loads > 0:                                                    # then n_online ≥ 1: tile 0 is the masked run's
         _take_turn(turn_bars, me, 0, PINGPONG)
         k = _wait_slot(k_ready, k_smem, 0)
         s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -93,27 +129,44 @@ def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, 
                                            full_end, seqlen_k, offset, qk_scale, CAUSAL)
         p_smem.index(me * 2).store(p.to(dtype))
         fence_async_shared()
-        acc_tok = warpgroup_mma_init(acc)
-        for t in range(0, n_loads - 1):
-            _take_turn(turn_bars, me, t + 1, PINGPONG)
-            k = _wait_slot(k_ready, k_smem, t + 1)
-            s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_smem.index(me * 2 + t % 2), _wait_slot(v_ready, v_smem, t), acc_tok, is_async=True)
-            _give_turn(turn_bars, me, PINGPONG)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))                  # QKᵀ(t+1) done; PV(t) may still run
-            mbarrier.arrive(k_empty.index((t + 1) % k_smem.shape[0]), count=1)
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N),
-                                               full_end, seqlen_k, offset, qk_scale, CAUSAL)
-            p_smem.index(me * 2 + (t + 1) % 2).store(p.to(dtype))     # PV(t−1), its last reader, is retired
-            fence_async_shared()
-            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-            mbarrier.arrive(v_empty.index(t % v_smem.shape[0]), count=1)
-            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-            acc_tok = warpgroup_mma_init(acc)
+        online_steps = n_online - 1 if FIXED_MAX else n_loads - 1
+        for t in range(0, online_steps):
+            acc, m_i, l_i = _ws_step(me, t, q, acc, m_i, l_i, m_i, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem, k_ready,
+                                     k_empty, v_ready, v_empty, turn_bars, seqlen_k, offset, qk_scale, n_online, online_lo,
+                                     full_end, HEAD_DIM, CAUSAL, PINGPONG, True)
+        if FIXED_MAX:
+            m_fixed = gl.where(m_i == float("-inf"), 0.0, m_i)        # a row that saw none of them sees no key: P stays 0
+            for t in range(online_steps, n_loads - 1):
+                acc, m_i, l_i = _ws_step(me, t, q, acc, m_i, l_i, m_fixed, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem,
+                                         k_ready, k_empty, v_ready, v_empty, turn_bars, seqlen_k, offset, qk_scale, n_online,
+                                         online_lo, full_end, HEAD_DIM, CAUSAL, PINGPONG, False)
         t_last = n_loads - 1
-        acc_tok = warpgroup_mma(p_smem.index(me * 2 + t_last % 2), _wait_slot(v_ready, v_smem, t_last), acc_tok, is_async=True)
+        acc_tok = warpgroup_mma(p_smem.index(me * 2 + t_last % 2), _wait_slot(v_ready, v_smem, t_last),
+                                warpgroup_mma_init(acc), is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc_tok,))
         mbarrier.arrive(v_empty.index(t_last % v_smem.shape[0]), count=1)
+    if FIXED_MAX:
+        mbarrier.arrive(done_bar, count=1)                             # this consumer is done with the rings
+        finite = (l_i < float("inf")) & (gl.convert_layout(gl.sum(gl.abs(acc), 1), rows_s) < float("inf"))
+        if gl.min(finite.to(gl.int32), 0) == 0:
+            mbarrier.wait(done_bar, 0)                                 # … and so is the other: slot `me` is free
+            bar = redo_bars.index(me)
+            m_i = gl.full([rows], float("-inf"), gl.float32, layout=rows_s)
+            l_i = gl.zeros([rows], gl.float32, layout=rows_s)
+            acc = gl.zeros([rows, HEAD_DIM], gl.float32, layout=o_layout)
+            k = k_smem.index(me).reshape([BLOCK_N, HEAD_DIM])
+            v = v_smem.index(me).reshape([BLOCK_N, HEAD_DIM])
+            for t in range(0, gl.cdiv(end, BLOCK_N)):                  # one slot, load then compute: slow, and rare
+                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [off_z, off_hkv, t * BLOCK_N, 0], bar, k_smem.index(me))
+                tma.async_copy_global_to_shared(v_desc, [off_z, off_hkv, t * BLOCK_N, 0], bar, v_smem.index(me))
+                mbarrier.wait(bar, t & 1)
+                s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
+                p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, t * BLOCK_N, full_end, seqlen_k, offset,
+                                                   qk_scale, CAUSAL)
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+                acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+                acc, p16 = warpgroup_mma_wait(0, deps=(warpgroup_mma(p16, v, warpgroup_mma_init(acc), is_async=True), p16))
     seen_nothing = l_i == 0.0
     l_safe = gl.where(seen_nothing, 1.0, l_i)
     o = acc / gl.convert_layout(l_safe, rows_o)[:, None]
@@ -129,7 +182,7 @@ def _ws_consumer(me: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size"])
 def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                 PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     rows: gl.constexpr = q_desc.block_type.shape[2]
     block_m: gl.constexpr = 2 * rows
@@ -152,6 +205,9 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     p_smem = gl.allocate_shared_memory(dtype, [4, rows, BLOCK_N], gl.NVMMASharedLayout.get_default_for([rows, BLOCK_N], dtype))
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    redo_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(done_bar, count=2)                  # both consumers done with the rings (FIXED_MAX's redo)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -159,6 +215,7 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turn_bars.index(i), count=1)
+        mbarrier.init(redo_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)      # both consumers release a slot
@@ -166,12 +223,14 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
         mbarrier.init(v_empty.index(i), count=2)
 
     # (the argument tuples are written out in the call: a tuple assigned to a name first would turn its constexprs into tensors)
-    gl.warp_specialize([(_ws_consumer, (0, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                                         turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
-                                         online_lo, n_loads, full_end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)),
-                        (_ws_consumer, (1, o_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                                         turn_bars, off_z, off_h, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
-                                         online_lo, n_loads, full_end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG)),
+    gl.warp_specialize([(_ws_consumer, (0, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready,
+                                         k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv,
+                                         off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads,
+                                         full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX)),
+                        (_ws_consumer, (1, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready,
+                                         k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv,
+                                         off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads,
+                                         full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX)),
                         (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
                                         v_empty, off_z, off_h, off_hkv, first_pos, n_online, online_lo, n_loads, BLOCK_N))],
                        [4, 1], [CONSUMER_REGS, 24])
@@ -182,12 +241,12 @@ def _descriptor(t, rows):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]], layout)
 
 
-def _arguments(q, k, v, o, lse, causal, scale, BLOCK_N=64, STAGES=2, PINGPONG=False, CONSUMER_REGS=240):
+def _arguments(q, k, v, o, lse, causal, scale, BLOCK_N=64, STAGES=2, PINGPONG=False, FIXED_MAX=False, CONSUMER_REGS=240):
     B, Hq, Lq, D = q.shape
     named = dict(q_desc=_descriptor(q, ROWS), k_desc=_descriptor(k, BLOCK_N), v_desc=_descriptor(v, BLOCK_N),
                  o_desc=_descriptor(o, ROWS), LSE=lse, seqlen_q=Lq, seqlen_k=k.shape[2], num_heads=Hq,
                  group_size=Hq // k.shape[1], qk_scale=scale * LOG2E, HEAD_DIM=D, CAUSAL=causal, BLOCK_N=BLOCK_N,
-                 STAGES=STAGES, PINGPONG=PINGPONG, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+                 STAGES=STAGES, PINGPONG=PINGPONG, FIXED_MAX=FIXED_MAX, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
     return named, triton.cdiv(Lq, 2 * ROWS) * B * Hq
 
 
@@ -247,6 +306,8 @@ def gpu_checks(configs):
             for B, H, Lq, D, causal, *lk in CHECKS:
                 run = lambda q, k, v, causal: attention_ws(q, k, v, causal, poison=True, **cfg)
                 ok_all &= check_against_float32(run, B, H, Lq, lk[0] if lk else Lq, D, causal, dtype, label=cfg)
+            for D in (64, 128):   # P overflows under a fixed maximum: the redo (FIXED_MAX), or nothing to redo (online)
+                ok_all &= check_against_float32(run, 2, 2, 512, 512, D, True, dtype, label=f"{cfg} overflow", overflow=True)
         print(f"checked {cfg}", flush=True)
     print("ALL CHECKS PASSED" if ok_all else "SOME CHECKS FAILED", flush=True)
     return ok_all
@@ -260,9 +321,10 @@ def gpu_time(configs, out, commit):
 
 
 def parse(configs):
-    "'BLOCK_N,STAGES,PINGPONG,CONSUMER_REGS;...' → list of config dicts."
-    keys = ("BLOCK_N", "STAGES", "PINGPONG", "CONSUMER_REGS")
-    return [{k: (bool(int(x)) if k == "PINGPONG" else int(x)) for k, x in zip(keys, c.split(","))} for c in configs.split(";") if c]
+    "'BLOCK_N,STAGES,PINGPONG,CONSUMER_REGS[,FIXED_MAX];...' → list of config dicts."
+    keys = ("BLOCK_N", "STAGES", "PINGPONG", "CONSUMER_REGS", "FIXED_MAX")
+    return [{k: (bool(int(x)) if k in ("PINGPONG", "FIXED_MAX") else int(x)) for k, x in zip(keys, c.split(","))}
+            for c in configs.split(";") if c]
 
 
 if __name__ == "__main__":
