@@ -1,5 +1,5 @@
 """Compile every forward-kernel candidate the benchmark's prefill grid will autotune, in parallel processes, before the
-sweep: the autotuner then loads binaries from Triton's disk cache instead of compiling 10 (14 on sm_90) candidates per key one after
+sweep: the autotuner then loads binaries from Triton's disk cache instead of compiling 10 (13 on sm_90) candidates per key one after
 another (seconds each on the device's CPU). Measures nothing. GPU only.
 
     PYTHONPATH=. python3 tools/precompile.py --workers 15 [--dims 64,128] [--dtypes bf16,fp16]"""
