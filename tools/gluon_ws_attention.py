@@ -332,9 +332,15 @@ if __name__ == "__main__":
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--configs", default="64,2,0,240;64,2,1,240;128,2,0,240;128,2,1,240")
     ap.add_argument("--out", default="gluon_ws.csv"); ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--smoke", action="store_true", help="GPU: one small causal check per config, to catch a hang cheaply")
     a = ap.parse_args()
     configs = parse(a.configs)
-    if a.compile:
+    if a.smoke:   # prints "smoke <config as given>: ok" per config that passed, for the next call's --configs
+        for text, cfg in zip([c for c in a.configs.split(";") if c], configs):
+            run = lambda q, k, v, causal: attention_ws(q, k, v, causal, poison=True, **cfg)
+            good = check_against_float32(run, 1, 2, 300, 300, 128, True, torch.bfloat16, label=cfg)
+            print(f"smoke {text}: {'ok' if good else 'WRONG'}", flush=True)
+    elif a.compile:
         for cfg in configs:
             for D, causal, dtype in ((128, True, torch.bfloat16), (64, False, torch.float16)):
                 t0 = time.time()
