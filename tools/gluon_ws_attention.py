@@ -21,11 +21,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
-from triton_fa2.gluon import _key_plan, _load_row, _wait_slot, _softmax_tile, _cuobjdump, wgmma_hazards, _GL_DTYPES
+from triton_fa2.forward import LOG2E
+from triton_fa2.gluon import _LN2, _key_plan, _load_row, _wait_slot, _softmax_tile, _cuobjdump, wgmma_hazards, _GL_DTYPES
 sys.path.insert(0, os.path.dirname(__file__))
 from gluon_attention import check_against_float32, time_against_yardsticks
 
-LOG2E = 1.4426950408889634
 ROWS = 64          # rows per consumer warpgroup; a program owns 2 · ROWS
 
 
@@ -170,7 +170,7 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
     seen_nothing = l_i == 0.0
     l_safe = gl.where(seen_nothing, 1.0, l_i)
     o = acc / gl.convert_layout(l_safe, rows_o)[:, None]
-    lse = gl.where(seen_nothing, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    lse = gl.where(seen_nothing, float("-inf"), (m_i + gl.log2(l_safe)) * _LN2)
     gl.store(LSE + off_zh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
     o_smem = q_smem.index(me)                                          # Q's tile is no longer read: O goes out through it
     o_smem.reshape([rows, HEAD_DIM]).store(o.to(dtype))
