@@ -41,11 +41,22 @@ def test_the_hazard_scan_finds_a_read_under_a_running_wgmma():
 @pytest.mark.parametrize("D, causal, dtype", [(128, True, torch.bfloat16),   # the money shot's kernels: the most registers
                                               (64, False, torch.float16)])   # the other head dim, the other dtype
 def test_every_candidate_compiles_for_sm90_without_spills_or_hazards(D, causal, dtype):
-    for r in sm90_reports(CANDIDATES, D, causal, dtype):
+    candidates = [c for c in CANDIDATES if D in c.head_dims]
+    assert any(c.WARP_SPECIALIZE for c in candidates) == (D == 128)     # the ws kernel is a candidate at D = 128 only
+    for config, r in zip(candidates, sm90_reports(candidates, D, causal, dtype)):
         assert r["stack_bytes"] == 0 and r["registers"] <= 255, r       # nothing spilled to local memory
         assert r["hazards"] == 0, r                                     # no register touched under a running wgmma
-        assert r["waits_leaving_one"] == ("psmem" in r["config"]), r   # PV(t) runs under softmax(t+1) in psmem loops only
+        # PV(t) runs under softmax(t+1) in psmem loops only: one loop, or each ws consumer's online and fixed loops
+        assert r["waits_leaving_one"] == (4 if config.WARP_SPECIALIZE else int(config.P_SMEM)), r
+        assert (r["setmaxnreg"] > 0) == config.WARP_SPECIALIZE, r       # registers handed from the loading warp
         assert r["wgmma"] > 0 and r["shared_kib"] <= 227, r
+
+
+def test_the_ws_kernel_compiles_at_d64_too():
+    "Not timed there (run 23: slower than the pick), but a test or a user may pass it as `config`: it must compile cleanly."
+    ws = next(c for c in CANDIDATES if c.WARP_SPECIALIZE)
+    (r,) = sm90_reports([ws], 64, True, torch.float16)
+    assert r["stack_bytes"] == 0 and r["hazards"] == 0 and r["waits_leaving_one"] == 4, r
 
 
 def test_where_the_gluon_kernel_applies():
@@ -56,6 +67,14 @@ def test_where_the_gluon_kernel_applies():
     named, grid = gluon._arguments(*(torch.empty(2, 8, 100, 64, dtype=torch.bfloat16) for _ in range(4)),
                                    torch.empty(2, 8, 100), True, 0.125, GluonConfig(64, 64, 2, 4))
     assert grid == 2 * 2 * 8 and named["group_size"] == 1 and named["seqlen_q"] == 100
+    ws = GluonConfig(128, 128, 2, 4, P_SMEM=True, WARP_SPECIALIZE=True, PINGPONG=True)
+    assert ws.label == "gluon ws 128x128 s2 pingpong" and ws in CANDIDATES and ws.head_dims == (128,)
+    named, grid = gluon._arguments(*(torch.empty(2, 8, 100, 128, dtype=torch.bfloat16) for _ in range(4)),
+                                   torch.empty(2, 8, 100), True, 0.125, ws)
+    assert grid == 1 * 2 * 8 and named["q_desc"].block_shape == [1, 1, 64, 128] and named["FIXED_MAX"]   # 128-row blocks
+    # `_Launch` finds qk_scale by `ARG_NAMES` for either kernel: their arguments agree up to it
+    at = gluon.ARG_NAMES.index("qk_scale")
+    assert gluon.WS_ARG_NAMES[:at + 1] == gluon.ARG_NAMES[:at + 1]
 
 
 def test_the_dispatch_runs_a_gluon_pick_and_refuses_it_where_it_cannot_run(monkeypatch):
