@@ -316,11 +316,12 @@ def _bench_candidate(fn, quantiles):
 
 _LONG_CALL_MS = 0.2   # from here up a call's host launch cost hides behind the GPU's queue, so eager timing is fair
 
-def _eager_ms(fn, rep:int=25):
+def _eager_ms(fn, rep:int=100):
     """fn's time per call as users and the benchmark see it: called eagerly, back to back, with L2 cleared in between
-    (`do_bench`). Only for calls long enough that the host's launch cost cannot rank them (`_LONG_CALL_MS`)."""
+    (`do_bench`), for as long as the benchmark times a call (25 ms of warm-up, 100 ms measured): long enough for the
+    power cap to set the clock. Only for calls long enough that the host's launch cost cannot rank them (`_LONG_CALL_MS`)."""
     torch.cuda.synchronize()
-    try: return triton.testing.do_bench(fn, warmup=5, rep=rep, return_mode="median")
+    try: return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
     except torch.OutOfMemoryError: return _graph_ms(fn)   # no room for do_bench's 256 MB L2-clearing buffer: no reason to fail
 
 def _confirm_pick(timings:dict, run, within:float=0.05, rounds:int=5, key:tuple=None) -> triton.Config:

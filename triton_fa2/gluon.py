@@ -310,9 +310,8 @@ class GluonConfig:
 HEAD_DIMS = (64, 128)   # a power of two for gl.arange, and what run 14 checked; other head dims take `_attn_fwd`
 # Run 14's two best and run 19's psmem one. Run 14's 64x64 s3 and 128x64 w8 s3 were picked for none of the 96
 # prefill keys of the full sweep (88a34a8), where the `tl` kernel's 128x64 took the long rows they were kept for.
-# Run 23's best warp-specialised config, for D = 128 (last section).
-CANDIDATES = (GluonConfig(64, 64, 2, 4, True), GluonConfig(64, 64, 2, 4), GluonConfig(64, 64, 2, 4, True, True),
-              GluonConfig(128, 128, 2, 4, P_SMEM=True, WARP_SPECIALIZE=True, PINGPONG=True))
+# The last section adds run 23's warp-specialised config, for D = 128.
+CANDIDATES = (GluonConfig(64, 64, 2, 4, True), GluonConfig(64, 64, 2, 4), GluonConfig(64, 64, 2, 4, True, True))
 ARG_NAMES = list(inspect.signature(_attn_fwd_gluon.fn).parameters)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
@@ -625,3 +624,4 @@ def _ws_maxnreg(consumer_regs:int) -> int:
     return (2 * consumer_regs + 24) // 3
 
 WS_ARG_NAMES = list(inspect.signature(_attn_fwd_ws.fn).parameters)
+CANDIDATES = CANDIDATES + (GluonConfig(128, 128, 2, 4, P_SMEM=True, WARP_SPECIALIZE=True, PINGPONG=True),)   # run 23's best
