@@ -3,14 +3,16 @@
 # takes longer. Each call measures only the (provider, workload) pairs that results/raw.csv does not yet hold for this
 # commit, writes each workload's rows as soon as they are measured, and is stopped after SWEEP_SECONDS. Copy the
 # returned $OUT/results/raw.csv to results/ and call again until it prints "sweep complete".
-#   COMMIT=<sha> SWEEP_SECONDS=480 bash tools/sweep_h200.sh
+#   COMMIT=<sha> SWEEP_SECONDS=480 [RAW=results/issue6/raw_<sha>_partial.csv] bash tools/sweep_h200.sh
+# RAW (default results/raw.csv) is the file resumed from: a new sweep can grow beside the published one.
 # Carry .whl (../shared/device/wheels.sh) so tqdm and fastcore are importable. The log gets one JSON line per confirmed
 # autotune key (TRITON_FA2_PRINT_TUNING), to read a pick afterwards.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || true
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-[ -f results/raw.csv ] && cp results/raw.csv "$OUT/results/raw.csv"
+RAW=${RAW:-results/raw.csv}
+[ -f "$RAW" ] && cp "$RAW" "$OUT/results/raw.csv"
 python3 tools/precompile.py --workers "${PRECOMPILE_WORKERS:-15}" 2>&1 | grep -v Warning | tee -a "$OUT/sweep.log"   # cache hits when warm
 TRITON_FA2_PRINT_TUNING=1 timeout "${SWEEP_SECONDS:-480}" python3 -m triton_fa2.bench --resume --out "$OUT/results/raw.csv" \
   --commit "${COMMIT:?pass COMMIT=sha}" 2>&1 | tee -a "$OUT/sweep.log"
