@@ -52,11 +52,28 @@ def test_every_candidate_compiles_for_sm90_without_spills_or_hazards(D, causal, 
         assert r["wgmma"] > 0 and r["shared_kib"] <= 227, r
 
 
+# Three consumers for D = 64, as FA3 runs it (192 rows); 64-key tiles: with 128, the causal build spills 16 bytes at 160 registers
+THREE_CONSUMERS = GluonConfig(192, 64, 3, 4, P_SMEM=True, WARP_SPECIALIZE=True, PINGPONG=True)
+
+
 def test_the_ws_kernel_compiles_at_d64_too():
-    "Not timed there (run 23: slower than the pick), but a test or a user may pass it as `config`: it must compile cleanly."
+    """The ws candidate is not timed at D = 64 (run 23: slower than the pick), but a test or a user may pass it as
+    `config`: it must compile cleanly there; so must the three-consumer variant (192 rows, 160 registers each) meant for D = 64."""
     ws = next(c for c in CANDIDATES if c.WARP_SPECIALIZE)
-    (r,) = sm90_reports([ws], 64, True, torch.float16)
-    assert r["stack_bytes"] == 0 and r["hazards"] == 0 and r["waits_leaving_one"] == 4, r
+    two, three = sm90_reports([ws, THREE_CONSUMERS], 64, True, torch.float16)
+    assert two["stack_bytes"] == 0 and two["hazards"] == 0 and two["waits_leaving_one"] == 4, two
+    assert three["stack_bytes"] == 0 and three["hazards"] == 0 and three["waits_leaving_one"] == 6, three   # two per consumer
+    assert three["registers"] == 126 and three["setmaxnreg"] > two["setmaxnreg"] and three["shared_kib"] <= 227, three
+
+
+def test_the_ws_arguments_follow_the_number_of_consumers():
+    t = lambda L, D: torch.empty(2, 8, L, D, dtype=torch.bfloat16)
+    named, grid = gluon._arguments(t(300, 64), t(300, 64), t(300, 64), t(300, 64), torch.empty(2, 8, 300), True, 0.125, THREE_CONSUMERS)
+    assert (grid, named["CONSUMERS"], named["CONSUMER_REGS"], named["maxnreg"]) == (2 * 2 * 8, 3, 160, 126)   # 192-row blocks
+    assert THREE_CONSUMERS.label == "gluon ws 192x64 s3 pingpong"
+    ws = next(c for c in CANDIDATES if c.WARP_SPECIALIZE)
+    named, _ = gluon._arguments(t(300, 128), t(300, 128), t(300, 128), t(300, 128), torch.empty(2, 8, 300), True, 0.125, ws)
+    assert (named["CONSUMERS"], named["CONSUMER_REGS"], named["maxnreg"]) == (2, 240, 168)
 
 
 def test_where_the_gluon_kernel_applies():

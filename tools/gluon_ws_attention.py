@@ -24,7 +24,7 @@ from triton_fa2.gluon import _attn_fwd_ws, _ws_maxnreg as maxnreg_for, _cuobjdum
 sys.path.insert(0, os.path.dirname(__file__))
 from gluon_attention import check_against_float32, time_against_yardsticks
 
-ROWS = 64          # rows per consumer warpgroup; a program owns 2 · ROWS
+ROWS = 64          # rows per consumer warpgroup; a program owns CONSUMERS · ROWS
 
 
 def _descriptor(t, rows):
@@ -32,13 +32,15 @@ def _descriptor(t, rows):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]], layout)
 
 
-def _arguments(q, k, v, o, lse, causal, scale, BLOCK_N=64, STAGES=2, PINGPONG=False, FIXED_MAX=False, CONSUMER_REGS=240):
+def _arguments(q, k, v, o, lse, causal, scale, BLOCK_N=64, STAGES=2, PINGPONG=False, FIXED_MAX=False, CONSUMER_REGS=240,
+               CONSUMERS=2):
     B, Hq, Lq, D = q.shape
     named = dict(q_desc=_descriptor(q, ROWS), k_desc=_descriptor(k, BLOCK_N), v_desc=_descriptor(v, BLOCK_N),
                  o_desc=_descriptor(o, ROWS), LSE=lse, seqlen_q=Lq, seqlen_k=k.shape[2], num_heads=Hq,
                  group_size=Hq // k.shape[1], qk_scale=scale * LOG2E, HEAD_DIM=D, CAUSAL=causal, BLOCK_N=BLOCK_N,
-                 STAGES=STAGES, PINGPONG=PINGPONG, FIXED_MAX=FIXED_MAX, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
-    return named, triton.cdiv(Lq, 2 * ROWS) * B * Hq
+                 STAGES=STAGES, PINGPONG=PINGPONG, FIXED_MAX=FIXED_MAX, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+                 CONSUMERS=CONSUMERS)
+    return named, triton.cdiv(Lq, CONSUMERS * ROWS) * B * Hq
 
 
 def attention_ws(q, k, v, causal=False, scale=None, poison=False, **config):
@@ -47,7 +49,7 @@ def attention_ws(q, k, v, causal=False, scale=None, poison=False, **config):
     o = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)   # poisoned: an unwritten element reads NaN
     lse = torch.full(q.shape[:3], float("nan"), device=q.device) if poison else torch.empty(q.shape[:3], device=q.device)
     named, grid = _arguments(q, k, v, o, lse, causal, D ** -0.5 if scale is None else scale, **config)
-    _attn_fwd_ws[(grid,)](**named, maxnreg=maxnreg_for(named["CONSUMER_REGS"]))
+    _attn_fwd_ws[(grid,)](**named, maxnreg=maxnreg_for(named["CONSUMER_REGS"], named["CONSUMERS"]))
     return o, lse
 
 
@@ -61,7 +63,7 @@ def compile_sm90(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, **
     named, _ = _arguments(q, k, v, torch.empty_like(q), torch.empty(B, H, N), causal, D ** -0.5, **config)
     target = GPUTarget("cuda", 90, 32)
     backend, fn = CUDABackend(target), _attn_fwd_ws
-    kwargs = dict(named, maxnreg=maxnreg_for(named["CONSUMER_REGS"]))
+    kwargs = dict(named, maxnreg=maxnreg_for(named["CONSUMER_REGS"], named["CONSUMERS"]))
     bound, specialization, options = create_function_from_signature(fn.signature, fn.params, backend)(**kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
     return triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
@@ -104,8 +106,8 @@ def gpu_time(configs, out, commit):
 
 
 def parse(configs):
-    "'BLOCK_N,STAGES,PINGPONG,CONSUMER_REGS[,FIXED_MAX];...' → list of config dicts."
-    keys = ("BLOCK_N", "STAGES", "PINGPONG", "CONSUMER_REGS", "FIXED_MAX")
+    "'BLOCK_N,STAGES,PINGPONG,CONSUMER_REGS[,FIXED_MAX[,CONSUMERS]];...' → list of config dicts (3 consumers: 160 registers)."
+    keys = ("BLOCK_N", "STAGES", "PINGPONG", "CONSUMER_REGS", "FIXED_MAX", "CONSUMERS")
     return [{k: (bool(int(x)) if k in ("PINGPONG", "FIXED_MAX") else int(x)) for k, x in zip(keys, c.split(","))}
             for c in configs.split(";") if c]
 

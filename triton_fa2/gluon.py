@@ -333,13 +333,15 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:GluonConfig) ->
     (block of BLOCK_M rows, batch, query head)."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
-    rows = config.BLOCK_M // 2 if config.WARP_SPECIALIZE else config.BLOCK_M    # a Q or O tile is one warpgroup's rows
+    rows = 64 if config.WARP_SPECIALIZE else config.BLOCK_M    # a Q or O tile is one warpgroup's rows
     named = dict(q_desc=_descriptor(q, rows), k_desc=_descriptor(k, config.BLOCK_N), v_desc=_descriptor(v, config.BLOCK_N),
                  o_desc=_descriptor(o, rows), LSE=lse, seqlen_q=Lq, seqlen_k=Lk, num_heads=Hq, group_size=Hq // Hkv,
                  qk_scale=scale * LOG2E, HEAD_DIM=D, CAUSAL=causal)
     if config.WARP_SPECIALIZE:
-        named.update(BLOCK_N=config.BLOCK_N, STAGES=config.STAGES, PINGPONG=config.PINGPONG, FIXED_MAX=True,
-                     CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=config.num_warps, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
+        consumers = config.BLOCK_M // 64                               # 64-row consumer warpgroups
+        regs = _WS_CONSUMER_REGS[consumers]
+        named.update(BLOCK_N=config.BLOCK_N, STAGES=config.STAGES, PINGPONG=config.PINGPONG, FIXED_MAX=True, CONSUMER_REGS=regs,
+                     num_warps=config.num_warps, CONSUMERS=consumers, maxnreg=_ws_maxnreg(regs, consumers))
     else: named.update(**config.kwargs, num_warps=config.num_warps)
     return named, triton.cdiv(Lq, config.BLOCK_M) * B * Hq
 
@@ -414,10 +416,11 @@ def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.b
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
                  off_z, off_h, off_hkv, first_pos, n_online, online_lo, n_loads, BLOCK_N: gl.constexpr):
-    "The loading warp: both consumers' Q tiles, then K and V tiles in the consumers' order, each slot when both freed it."
+    "The loading warp: the consumers' Q tiles, then K and V tiles in the consumers' order, each slot when all freed it."
     stages: gl.constexpr = k_smem.shape[0]
     rows: gl.constexpr = q_smem.shape[3]
-    for c in gl.static_range(2):
+    consumers: gl.constexpr = q_smem.shape[0]
+    for c in gl.static_range(consumers):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [off_z, off_h, first_pos + c * rows, 0], q_bars.index(c), q_smem.index(c))
     for t in range(n_loads):
@@ -434,15 +437,17 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready
 
 @gluon.jit
 def _take_turn(turn_bars, me: gl.constexpr, k, PINGPONG: gl.constexpr):
-    "Ping-pong: wait until it is this consumer's k-th turn to issue its products (consumer 0 goes first)."
+    "Ping-pong: wait until it is this consumer's k-th turn to issue its products (consumer 0 goes first, then 1, …)."
     if PINGPONG:
-        mbarrier.wait(turn_bars.index(me), (k & 1) ^ (1 - me))
+        if me == 0: mbarrier.wait(turn_bars.index(me), (k & 1) ^ 1)    # a fresh barrier has passed parity 1: turn 0 is free
+        else: mbarrier.wait(turn_bars.index(me), k & 1)                 # the previous consumer's k-th turn is over
 
 
 @gluon.jit
 def _give_turn(turn_bars, me: gl.constexpr, PINGPONG: gl.constexpr):
+    consumers: gl.constexpr = turn_bars.shape[0]
     if PINGPONG:
-        mbarrier.arrive(turn_bars.index(1 - me), count=1)
+        mbarrier.arrive(turn_bars.index((me + 1) % consumers), count=1)
 
 
 @gluon.jit
@@ -482,7 +487,7 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr):
     """One consumer warpgroup: rows first_pos + me·64 …, every K/V tile the producer loads, PV overlapped. The masked run
     online; then, with FIXED_MAX, each row's maximum from it fixed for the unmasked tiles, and the block redone online
-    (loading its own tiles into ring slot `me` once both consumers are done with the rings) if P overflowed."""
+    (loading its own tiles into ring slot `me` once every consumer is done with the rings) if P overflowed."""
     dtype: gl.constexpr = o_desc.dtype
     rows: gl.constexpr = q_smem.shape[3]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -531,7 +536,7 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
         mbarrier.arrive(done_bar, count=1)                             # this consumer is done with the rings
         finite = (l_i < float("inf")) & (gl.convert_layout(gl.sum(gl.abs(acc), 1), rows_s) < float("inf"))
         if gl.min(finite.to(gl.int32), 0) == 0:
-            mbarrier.wait(done_bar, 0)                                 # … and so is the other: slot `me` is free
+            mbarrier.wait(done_bar, 0)                                 # … and so is every other: slot `me` is free
             bar = redo_bars.index(me)
             m_i = gl.full([rows], float("-inf"), gl.float32, layout=rows_s)
             l_i = gl.zeros([rows], gl.float32, layout=rows_s)
@@ -564,10 +569,12 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size"])
 def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                 PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                 CONSUMERS: gl.constexpr = 2):
     dtype: gl.constexpr = q_desc.dtype
     rows: gl.constexpr = q_desc.block_type.shape[2]
-    block_m: gl.constexpr = 2 * rows
+    block_m: gl.constexpr = CONSUMERS * rows
+    gl.static_assert(STAGES >= CONSUMERS, "a redo loads into ring slot `me`: one slot per consumer")
     pid = gl.program_id(0)
     num_m_blocks = gl.cdiv(seqlen_q, block_m)
     start_m = pid % num_m_blocks
@@ -581,47 +588,74 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, block_m, BLOCK_N, CAUSAL)
     n_loads = n_online + n_fixed
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, rows, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 1, 1, rows, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    p_smem = gl.allocate_shared_memory(dtype, [4, rows, BLOCK_N], gl.NVMMASharedLayout.get_default_for([rows, BLOCK_N], dtype))
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    redo_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_smem = gl.allocate_shared_memory(dtype, [2 * CONSUMERS, rows, BLOCK_N], gl.NVMMASharedLayout.get_default_for([rows, BLOCK_N], dtype))
+    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    redo_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(done_bar, count=2)                  # both consumers done with the rings (FIXED_MAX's redo)
+    mbarrier.init(done_bar, count=CONSUMERS)          # every consumer done with the rings (FIXED_MAX's redo)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turn_bars.index(i), count=1)
         mbarrier.init(redo_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)      # both consumers release a slot
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)   # every consumer releases a slot
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
-    # (the argument tuples are written out in the call: a tuple assigned to a name first would turn its constexprs into tensors)
-    gl.warp_specialize([(_ws_consumer, (0, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready,
-                                         k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv,
-                                         off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads,
-                                         full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX)),
-                        (_ws_consumer, (1, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready,
-                                         k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv,
-                                         off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads,
-                                         full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX)),
-                        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                                        v_empty, off_z, off_h, off_hkv, first_pos, n_online, online_lo, n_loads, BLOCK_N))],
-                       [4, 1], [CONSUMER_REGS, 24])
+    # (the argument tuples are written out in the call: a tuple assigned to a name first would turn its constexprs
+    # into tensors; so is each partition list, one per number of consumers)
+    if CONSUMERS == 2:
+        gl.warp_specialize([(_ws_consumer, (0, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
+                                           k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z,
+                                           off_h, off_hkv, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
+                                           online_lo, n_loads, full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG,
+                                           FIXED_MAX)),
+                            (_ws_consumer, (1, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
+                                           k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z,
+                                           off_h, off_hkv, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
+                                           online_lo, n_loads, full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG,
+                                           FIXED_MAX)),
+                            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
+                                           v_ready, v_empty, off_z, off_h, off_hkv, first_pos, n_online, online_lo,
+                                           n_loads, BLOCK_N))],
+                           [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([(_ws_consumer, (0, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
+                                           k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z,
+                                           off_h, off_hkv, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
+                                           online_lo, n_loads, full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG,
+                                           FIXED_MAX)),
+                            (_ws_consumer, (1, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
+                                           k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z,
+                                           off_h, off_hkv, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
+                                           online_lo, n_loads, full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG,
+                                           FIXED_MAX)),
+                            (_ws_consumer, (2, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
+                                           k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z,
+                                           off_h, off_hkv, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
+                                           online_lo, n_loads, full_end, end, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG,
+                                           FIXED_MAX)),
+                            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
+                                           v_ready, v_empty, off_z, off_h, off_hkv, first_pos, n_online, online_lo,
+                                           n_loads, BLOCK_N))],
+                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
-_WS_CONSUMER_REGS = 240   # per consumer thread; the producer keeps 24: 2·240 + 24 = 3·168 registers per thread of the launch
+# Registers per consumer thread, by the number of consumers; the producer keeps 24 (a warpgroup's worth is reserved for
+# it). Two: 2·240 + 24 = 3·168 per thread of the launch; three: 3·160 + 24 = 4·126, under the 4·128 that 512 threads may have.
+_WS_CONSUMER_REGS = {2: 240, 3: 160}
 
-def _ws_maxnreg(consumer_regs:int) -> int:
-    "The launch's registers per thread (`maxnreg`): three warpgroups at that count hold two consumers' and the producer's 24."
-    return (2 * consumer_regs + 24) // 3
+def _ws_maxnreg(consumer_regs:int, consumers:int=2) -> int:
+    "The launch's registers per thread (`maxnreg`): its warpgroups at that count hold the consumers' and the producer's 24."
+    return (consumers * consumer_regs + 24) // (consumers + 1)
 
 WS_ARG_NAMES = list(inspect.signature(_attn_fwd_ws.fn).parameters)
 CANDIDATES = CANDIDATES + (GluonConfig(128, 128, 2, 4, P_SMEM=True, WARP_SPECIALIZE=True, PINGPONG=True),)   # run 23's best
