@@ -100,7 +100,9 @@ def time_against_yardsticks(extra_runs, out, commit="unknown", autotuned=True):
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=commit,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
     rows = []
+    only_d = int(os.environ.get("TIMING_D", 0))       # e.g. TIMING_D=64: the D = 64 timing shapes alone
     for B, H, N, D, causal, dtype in TIMING_SHAPES:
+        if only_d and D != only_d: continue
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
         flops = 4 * B * H * N * N * D / (2 if causal else 1)
         def sdpa(backend):

@@ -70,7 +70,8 @@ def run(sass_out=None):
     torch.cuda.cudart().cudaProfilerStop()
     if sass_out:   # outside the profiled range: compile the chosen config alone and count its matrix instructions
         from triton_fa2 import forward
-        kernel = forward._attn_fwd if isinstance(config, triton.Config) else forward._gluon._attn_fwd_gluon   # the Gluon kernel on sm_90
+        kernel = (forward._attn_fwd if isinstance(config, triton.Config) else          # the Gluon kernels on sm_90
+                  forward._gluon._attn_fwd_ws if config.WARP_SPECIALIZE else forward._gluon._attn_fwd_gluon)
         kernel.device_caches.clear()
         o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
         forward._attention_forward(q, k, v, o, lse, causal=True, scale=q.shape[-1] ** -0.5, config=config)

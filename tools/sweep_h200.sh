@@ -10,7 +10,10 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || true
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+# PACKAGE_TREE: a folder holding the package of COMMIT (`git archive COMMIT triton_fa2 | tar -x -C sweep_tree`, carried),
+# so that a sweep resumed after later commits still runs that commit's package
+export PYTHONPATH=${PACKAGE_TREE:+$PWD/$PACKAGE_TREE:}$PWD:/tmp/site PYTHONUNBUFFERED=1
+python3 -c "import triton_fa2, sys; print('package from', triton_fa2.__file__)" | tee -a "$OUT/sweep.log"
 RAW=${RAW:-results/raw.csv}
 [ -f "$RAW" ] && cp "$RAW" "$OUT/results/raw.csv"
 python3 tools/precompile.py --workers "${PRECOMPILE_WORKERS:-15}" 2>&1 | grep -v Warning | tee -a "$OUT/sweep.log"   # cache hits when warm
