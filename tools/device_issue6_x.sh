@@ -7,8 +7,8 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 (cd nbs && timeout 120 nbdev-test 11_gluon.ipynb --flags gpu > $OUT/nb11_gpu.log 2>&1; tail -3 $OUT/nb11_gpu.log; grep -B2 -A30 "Error" $OUT/nb11_gpu.log | head -50)
-CONFIGS="64,3,1,160,1,3;128,3,1,160,1,3;128,3,1,240,1"
-timeout 90 python3 tools/gluon_ws_attention.py --smoke --configs "$CONFIGS" 2>&1 | grep -v Warn | tee $OUT/ws3_smoke.log
+CONFIGS="64,3,1,160,1,3;128,3,1,160,1,3;128,3,1,240,1;128,4,1,240,1"   # three consumers; two with deeper rings
+TIMING_D=64 timeout 90 python3 tools/gluon_ws_attention.py --smoke --configs "$CONFIGS" 2>&1 | grep -v Warn | tee $OUT/ws3_smoke.log
 PASSED=$(sed -n 's/^smoke \(.*\): ok$/\1/p' $OUT/ws3_smoke.log | paste -sd';')
 [ -n "$PASSED" ] && TIMING_D=64 timeout 240 python3 tools/gluon_ws_attention.py --commit ${SHA:?} --out $OUT/ws3_$SHA.csv \
   --configs "$PASSED" 2>&1 | grep -v Warn | tail -30 | tee $OUT/ws3.log

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gluon_attention import check_against_float32, time_against_yardsticks
 
 ROWS = 64          # rows per consumer warpgroup; a program owns CONSUMERS · ROWS
+ONLY_D = int(os.environ.get("TIMING_D", 0))   # TIMING_D=64: checks, smoke and timing at that head dim alone
 
 
 def _descriptor(t, rows):
@@ -89,9 +90,10 @@ def gpu_checks(configs):
     for cfg in configs:
         for dtype in (torch.bfloat16, torch.float16):
             for B, H, Lq, D, causal, *lk in CHECKS:
+                if ONLY_D and D != ONLY_D: continue
                 run = lambda q, k, v, causal: attention_ws(q, k, v, causal, poison=True, **cfg)
                 ok_all &= check_against_float32(run, B, H, Lq, lk[0] if lk else Lq, D, causal, dtype, label=cfg)
-            for D in (64, 128):   # P overflows under a fixed maximum: the redo (FIXED_MAX), or nothing to redo (online)
+            for D in [ONLY_D] if ONLY_D else (64, 128):   # P overflows under a fixed maximum: the redo (FIXED_MAX), or nothing to redo (online)
                 ok_all &= check_against_float32(run, 2, 2, 512, 512, D, True, dtype, label=f"{cfg} overflow", overflow=True)
         print(f"checked {cfg}", flush=True)
     print("ALL CHECKS PASSED" if ok_all else "SOME CHECKS FAILED", flush=True)
@@ -123,7 +125,7 @@ if __name__ == "__main__":
     if a.smoke:   # prints "smoke <config as given>: ok" per config that passed, for the next call's --configs
         for text, cfg in zip([c for c in a.configs.split(";") if c], configs):
             run = lambda q, k, v, causal: attention_ws(q, k, v, causal, poison=True, **cfg)
-            good = check_against_float32(run, 1, 2, 300, 300, 128, True, torch.bfloat16, label=cfg)
+            good = check_against_float32(run, 1, 2, 300, 300, ONLY_D or 128, True, torch.bfloat16, label=cfg)
             print(f"smoke {text}: {'ok' if good else 'WRONG'}", flush=True)
     elif a.compile:
         for cfg in configs:
