@@ -285,8 +285,8 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
 @dataclasses.dataclass(frozen=True)
 class GluonConfig:
     """One candidate of the Gluon kernels: tile rows and keys, the depth of the K/V rings, warps (4 per 64 rows), Q's source,
-    P's; with `WARP_SPECIALIZE`, the last section's kernel (`_attn_fwd_ws`: BLOCK_M rows for two consumer warpgroups of
-    `num_warps` warps each and a loading warp, PV always under the next softmax, the consumers in turns with `PINGPONG`)."""
+    P's; with `WARP_SPECIALIZE`, the last section's kernel (`_attn_fwd_ws`: BLOCK_M rows for BLOCK_M / 64 consumer warpgroups (two
+    or three) of `num_warps` warps each and a loading warp, PV always under the next softmax, the consumers in turns with `PINGPONG`)."""
     BLOCK_M: int = 64
     BLOCK_N: int = 64
     STAGES: int = 2
