@@ -17,20 +17,13 @@ other's products (FA3's inter-warpgroup overlap), ordered by two mbarriers.
 """
 import argparse, os, re, sys, time
 import torch, triton
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton_fa2.forward import LOG2E
-from triton_fa2.gluon import _attn_fwd_ws, _ws_maxnreg as maxnreg_for, _cuobjdump, wgmma_hazards, _GL_DTYPES
+from triton_fa2.gluon import _attn_fwd_ws, _ws_maxnreg as maxnreg_for, _cuobjdump, _descriptor, wgmma_hazards
 sys.path.insert(0, os.path.dirname(__file__))
 from gluon_attention import check_against_float32, time_against_yardsticks
 
 ROWS = 64          # rows per consumer warpgroup; a program owns CONSUMERS · ROWS
 ONLY_D = int(os.environ.get("TIMING_D", 0))   # TIMING_D=64: checks, smoke and timing at that head dim alone
-
-
-def _descriptor(t, rows):
-    layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, t.shape[-1]], _GL_DTYPES[t.dtype])
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]], layout)
 
 
 def _arguments(q, k, v, o, lse, causal, scale, BLOCK_N=64, STAGES=2, PINGPONG=False, FIXED_MAX=False, CONSUMER_REGS=240,
