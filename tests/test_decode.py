@@ -311,3 +311,106 @@ def test_a_given_decode_config_launches_with_all_its_options(monkeypatch):
     _decode_forward(q, k, v, None, o, lse, True, 0.125, 1, config)
     assert {k: recorder.options[k] for k in ("BLOCK_N", "num_warps", "num_stages", "maxnreg")} == \
         dict(BLOCK_N=32, num_warps=4, num_stages=3, maxnreg=96)
+
+
+def test_decode_launch_passes_triton_3_6s_launcher_arguments(monkeypatch):
+    """The arguments a `_DecodeLaunch` hands to Triton's C launcher, in Triton 3.6's order: grid, stream, function,
+    flags, scratch, metadata, hooks, then the new tensors and the first launch's scalars and constants; the combine's
+    launch follows on the same stream when keys are split. (The GPU test below checks the same launches against float64.)"""
+    from test_attention import _FakeDriver, _fake_compiled_kernel
+    monkeypatch.setattr(dec.triton.runtime.driver, "_active", _FakeDriver())
+    split_calls, combine_calls = [], []
+    split_kernel = _fake_compiled_kernel(lambda *a: split_calls.append(a), descriptors=False)
+    combine_kernel = _fake_compiled_kernel(lambda *a: combine_calls.append(a), descriptors=False)
+    first = [randn(2, 4, 1, 64), randn(2, 2, 100, 64), randn(2, 2, 100, 64), torch.empty(3, 2, 4, 1, 64), torch.empty(3, 2, 4, 1),
+             torch.zeros(2, dtype=torch.int32)]
+    split_args = first + list(range(200, len(dec._DECODE_FWD_ARGS) - len(first) + 200))   # scalars and constants: markers
+    combine_args = [first[3], first[4], torch.empty(2, 4, 1, 64), torch.empty(2, 4, 1)] + list(range(300, 310))
+    assert len(combine_args) == len(dec._COMBINE_ARGS)
+    plan = dec._DecodeLaunch(split_kernel, 16, split_args, combine_kernel, 8, combine_args)
+    new = [randn(2, 4, 1, 64), randn(2, 2, 100, 64), randn(2, 2, 100, 64), torch.zeros(2, dtype=torch.int32),
+           torch.empty(3, 2, 4, 1, 64), torch.empty(3, 2, 4, 1), torch.empty(2, 4, 1, 64), torch.empty(2, 4, 1)]
+    q, k, v, seqlens, o_part, lse_part, o, lse = new
+    plan(*new)
+    head = lambda grid: (grid, 1, 1, 77, 1234, False, False, None, None, "packed", None, None, None)
+    want_split = (*head(16), q, k, v, o_part, lse_part, seqlens, *split_args[6:])
+    want_combine = (*head(8), o_part, lse_part, o, lse, *combine_args[4:])
+    same = lambda got, want: len(got) == len(want) and all(a is b or a == b for a, b in zip(got, want))
+    assert len(split_calls) == 1 and same(split_calls[0], want_split)
+    assert len(combine_calls) == 1 and same(combine_calls[0], want_combine)
+    unsplit = dec._DecodeLaunch(split_kernel, 16, split_args, None, 0, combine_args)   # S = 1: the split kernel alone
+    unsplit(*new)
+    assert len(split_calls) == 2 and len(combine_calls) == 1
+
+
+def test_decode_plan_key_separates_what_triton_specialises_on():
+    "Two calls share a saved launch only if everything but the data pointers' values agrees."
+    q, k = randn(2, 4, 1, 64), randn(2, 2, 100, 64)
+    o, lse, seqlens = torch.empty_like(q), torch.empty(2, 4, 1), torch.tensor([5, 100], dtype=torch.int32)
+    key = lambda *a, **kw: dec._decode_plan_key(*a, **kw)
+    base = key(q, k, k, None, o, lse, True, 0.125, 3)
+    assert base == key(randn(2, 4, 1, 64), randn(2, 2, 100, 64), k, None, torch.empty_like(q), torch.empty(2, 4, 1), True, 0.125, 3)
+    others = [key(q, k, k, seqlens, o, lse, True, 0.125, 3),                               # lengths given
+              key(q, k, k, None, o, lse, False, 0.125, 3),                                 # non-causal
+              key(q, k, k, None, o, lse, True, 0.25, 3),                                   # another scale
+              key(q, k, k, None, o, lse, True, 0.125, 1),                                  # no split
+              key(q, randn(2, 2, 200, 64)[:, :, :100], k, None, o, lse, True, 0.125, 3),   # a slice of a longer cache: strides
+              key(randn(2 * 4 * 64 + 1)[1:].view(2, 4, 1, 64), k, k, None, o, lse, True, 0.125, 3),   # q misaligned
+              key(q.bfloat16(), k.bfloat16(), k.bfloat16(), None, o.bfloat16(), lse, True, 0.125, 3)]   # dtype
+    assert base not in others and len(set(others)) == len(others)
+
+
+# Saved decode launches: every case runs three times with fresh inputs into NaN-poisoned outputs; call 1 tunes and
+# Triton launches (the plan is kept), calls 2 and 3 go through `_DecodeLaunch`.
+DECODE_PLAN_CASES = [
+    ((8, 32, 8, 1, 8192, 128), None, "bhld"),       # the heuristic splits (2): split kernel and combine, full caches
+    ((1, 32, 8, 1, 32768, 128), "ragged", "bhld"),  # B = 1, many splits, lengths given (int32 pointer)
+    ((4, 16, 16, 4, 3000, 64), "ragged", "blhd"),   # MHA, Lq = 4, caches seen through transpose(1, 2)
+    ((64, 32, 8, 1, 4096, 128), "ragged", "bhld"),  # no split: the kernel writes o and lse itself
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, lengths, layout", DECODE_PLAN_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_saved_decode_launches(shape, lengths, layout, dtype, monkeypatch):
+    B, Hq, Hkv, Lq, Lmax, D = shape
+    monkeypatch.setattr(dec, "_DECODE_PLANS", {})
+    calls = []
+    original = dec._DecodeLaunch.__call__
+    monkeypatch.setattr(dec._DecodeLaunch, "__call__", lambda self, *a: (calls.append(len(self.launches)), original(self, *a))[1])
+    splits = _choose_num_splits(B, Hkv, Hq // Hkv * Lq, Lmax, torch.device("cuda"))
+    for _ in range(3):
+        seqlens = None
+        if lengths:
+            seqlens = torch.randint(1, Lmax + 1, (B,), device="cuda", dtype=torch.int32)
+            seqlens[-1] = Lmax
+        if layout == "blhd":
+            k, v = (randn(B, Lmax, Hkv, D, dtype=dtype).transpose(1, 2) for _ in range(2))
+        else:
+            k, v = randn(B, Hkv, Lmax, D, dtype=dtype), randn(B, Hkv, Lmax, D, dtype=dtype)
+        q = randn(B, Hq, Lq, D, dtype=dtype)
+        o, lse = run(q, k, v, seqlens, True, splits)
+        for b in sorted({0, B - 1}):
+            o_ref, lse_ref = attention_ref(q[b:b+1], k[b:b+1], v[b:b+1], causal=True,
+                                           kv_lens=None if seqlens is None else seqlens[b:b+1])
+            max_abs, rel = errors(o[b:b+1], o_ref.double())
+            assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], (b, max_abs, rel)
+            torch.testing.assert_close(lse[b:b+1], lse_ref, atol=1e-4, rtol=1e-4)
+        assert torch.equal(decode(q, k, v, cache_seqlens=seqlens, num_splits=splits), o)   # the public path: same plan
+    assert calls == [1 + (splits > 1)] * 5, (calls, splits)
+
+
+@pytest.mark.gpu
+def test_gpu_saved_decode_launch_on_another_stream(monkeypatch):
+    "The saved launch runs on the caller's current stream, as Triton's would."
+    monkeypatch.setattr(dec, "_DECODE_PLANS", {})
+    q, k, v = randn(2, 32, 1, 128, dtype=torch.bfloat16), randn(2, 8, 4096, 128, dtype=torch.bfloat16), randn(2, 8, 4096, 128, dtype=torch.bfloat16)
+    o = decode(q, k, v); decode(q, k, v)
+    assert dec._DECODE_PLANS and all(dec._DECODE_PLANS.values())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        o_side = decode(q, k, v)
+    stream.synchronize()
+    assert torch.equal(o_side, o)

@@ -527,14 +527,19 @@ def _no_hook(hook) -> bool:
     "Triton 3.6 keeps launch hooks in a `HookChain`, empty unless a profiler added one (older releases: None)."
     return hook is None or getattr(hook, "calls", None) == []
 
+def _c_launch(kernel) -> tuple:
+    "Triton 3.6's C launch of a compiled kernel, and the arguments it takes between the stream and the kernel's own."
+    launcher = kernel.run
+    if launcher.global_scratch_size or launcher.profile_scratch_size: raise ValueError("the kernel needs scratch memory")
+    return launcher.launch, (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,  # scratch: none
+                             kernel.packed_metadata, None, None, None)                                          # no hooks
+
 class _Launch:
     """A launch of a compiled kernel with new tensors, through Triton's C launcher alone. Built from a launch Triton made:
     `kernel`, its compiled kernel; `args`, every argument of the kernel in order (`arg_names`: `_attn_fwd`'s, or the Gluon
     kernel's of notebook 11, which also takes q, k, v, o as descriptors and lse fifth). Valid for calls with the same `_plan_key`."""
     def __init__(self, kernel, grid:int, args:list, config:triton.Config, arg_names:list=_ATTN_FWD_ARGS):
-        launcher = kernel.run
-        if launcher.global_scratch_size or launcher.profile_scratch_size: raise ValueError("the kernel needs scratch memory")
-        raw = launcher.launch
+        raw, self.fixed = _c_launch(kernel)
         descriptors = [i for i, a in enumerate(args) if hasattr(a, "block_shape") and hasattr(a, "base")]  # `tl`'s or Gluon's
         self.use_tma = bool(descriptors)
         if self.use_tma:   # Triton wraps its C launcher in a Python function that encodes every descriptor per launch
@@ -552,8 +557,6 @@ class _Launch:
             self.tensor_maps = {}                                                    # (operand, data pointer) → encoded map
         self.raw, self.config, self.device = raw, config, args[4].device.index
         self.grid = (grid, 1, 1)
-        self.fixed = (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,  # scratch: none
-                      kernel.packed_metadata, None, None, None)                                          # no hooks
         scale_at = arg_names.index("qk_scale")
         self.before_scale, self.after_scale = tuple(args[5:scale_at]), tuple(args[scale_at + 1:])
         self.stream = triton.runtime.driver.active.get_current_stream
@@ -575,10 +578,14 @@ class _Launch:
                  *self.after_scale)
 
 def _save_plan(plan_key:tuple, kernel, grid:int, args:list, config:triton.Config, arg_names:list=_ATTN_FWD_ARGS):
-    "Keep a `_Launch` for this key, or False where Triton's launcher is not what `_Launch` expects (never retried)."
-    if len(_PLANS) >= _MAX_PLANS: _PLANS.clear()
-    try: _PLANS[plan_key] = _Launch(kernel, grid, args, config, arg_names)
-    except (AttributeError, KeyError, TypeError, ValueError, ImportError): _PLANS[plan_key] = False
+    "Keep a `_Launch` for this key."
+    _keep_plan(_PLANS, plan_key, lambda: _Launch(kernel, grid, args, config, arg_names))
+
+def _keep_plan(plans:dict, plan_key:tuple, build):
+    "plans[plan_key] = build(), or False where Triton's launcher is not what the saved launches expect (never retried)."
+    if len(plans) >= _MAX_PLANS: plans.clear()
+    try: plans[plan_key] = build()
+    except (AttributeError, KeyError, TypeError, ValueError, ImportError): plans[plan_key] = False
 
 # %% ../nbs/03_triton_forward.ipynb #fb5e9c24
 try: from triton_fa2 import gluon as _gluon             # notebook 11: the loop in Gluon, more candidates on sm_90

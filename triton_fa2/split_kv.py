@@ -11,14 +11,15 @@ __all__ = ['num_splits_heuristic', 'merge_attention_states', 'decode']
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
+import inspect
 import math
 from typing import Optional
 import torch
 import triton
 import triton.language as tl
 from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _define_operator,
-                                _dot_in_fp32, _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _plain_eager,
-                                _q_block_rows, _smem_bytes)
+                                _c_launch, _dot_in_fp32, _fast_launch_possible, _keep_plan, _kv_key_bounds, _load_rows,
+                                _max_smem, _normalize_rows, _plain_eager, _q_block_rows, _smem_bytes)
 
 # %% ../nbs/06_split_kv_decode.ipynb #994421ff
 def num_splits_heuristic(programs:int,       # programs of the unsplit launch: B · Hkv · Q blocks
@@ -186,6 +187,7 @@ def _decode_block_m(rows:int) -> int:
 def _num_sms(device_index:int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
+@functools.lru_cache(maxsize=4096)   # the heuristic's loop costs tens of µs of host time: once per shape, not per call
 def _choose_num_splits(batch:int, heads_kv:int, rows:int, max_seqlen_k:int, device:torch.device) -> int:
     "num_splits_heuristic on this launch: computed from shapes only, never from the lengths in cache_seqlens."
     programs = batch * heads_kv * triton.cdiv(rows, _decode_block_m(rows))
@@ -200,29 +202,63 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
     B, Hq, Lq, D = q.shape
     Hkv, Lmax = k_cache.shape[1], k_cache.shape[2]
     if B * Hq * Lq == 0: return
-    rows = (Hq // Hkv) * Lq
-    block_m, block_d = _decode_block_m(rows), max(triton.next_power_of_2(D), 16)
+    seqlens = k_cache if cache_seqlens is None else cache_seqlens   # without lengths: any pointer, never read
+    plan_key = plan = None
+    if config is None and _fast_launch_possible(q):
+        plan_key = _decode_plan_key(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits)
+        plan = _DECODE_PLANS.get(plan_key)
     if num_splits == 1:
         o_part, lse_part, split_strides = o, lse, (0, 0)
     else:
         o_part = torch.empty(num_splits, B, Hq, Lq, D, device=q.device, dtype=torch.float32)
         lse_part = torch.empty(num_splits, B, Hq, Lq, device=q.device, dtype=torch.float32)
         split_strides = (o_part.stride(0), lse_part.stride(0))
+    if plan: return plan(q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse)   # launched before: Triton's C launcher
+    rows = (Hq // Hkv) * Lq
+    block_m, block_d = _decode_block_m(rows), max(triton.next_power_of_2(D), 16)
     kernel, meta = (_decode_fwd_tuned, {}) if config is None else \
         (_decode_fwd, config.all_kwargs())
     programs = triton.cdiv(rows, block_m) * num_splits * B * Hkv
+    split_args = [q, k_cache, v_cache, o_part, lse_part, seqlens, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+                  split_strides[0], *o_part.stride()[-4:-1], split_strides[1], Hkv, Hq // Hkv, Lq, Lmax, num_splits,
+                  scale * LOG2E, _bucket(programs, 1, 1024), _bucket(triton.cdiv(Lmax, num_splits), 16, 65536)]
+    split_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None,
+                           DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=block_m)
+    combine_args = [o_part, lse_part, o, lse, *o.stride()[:3], Hq, Lq, num_splits, B * Hq * Lq]
+    combine_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        kernel[(programs,)](
-            q, k_cache, v_cache, o_part, lse_part, k_cache if cache_seqlens is None else cache_seqlens,
-            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
-            split_strides[0], *o_part.stride()[-4:-1], split_strides[1],
-            Hkv, Hq // Hkv, Lq, Lmax, num_splits, scale * LOG2E,
-            _bucket(programs, 1, 1024), _bucket(triton.cdiv(Lmax, num_splits), 16, 65536),
-            HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None,
-            DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=block_m, **meta)
-        if num_splits > 1:
-            _combine_splits[(B * Hq * Lq,)](o_part, lse_part, o, lse, *o.stride()[:3], Hq, Lq, num_splits, B * Hq * Lq,
-                                            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
+        split = kernel[(programs,)](*split_args, **split_constants, **meta)
+        combine = _combine_splits[(B * Hq * Lq,)](*combine_args, **combine_constants) if num_splits > 1 else None
+    if plan_key is not None and plan_key not in _DECODE_PLANS:   # keep what Triton just did, with every argument in order
+        split_named = dict(split_constants, **_decode_fwd_tuned.best_config.kwargs)
+        _keep_plan(_DECODE_PLANS, plan_key, lambda: _DecodeLaunch(
+            split, programs, split_args + [split_named[n] for n in _DECODE_FWD_ARGS[len(split_args):]],
+            combine, B * Hq * Lq, combine_args + [combine_constants[n] for n in _COMBINE_ARGS[len(combine_args):]]))
+
+# %% ../nbs/06_split_kv_decode.ipynb #9e2492f4
+_DECODE_FWD_ARGS, _COMBINE_ARGS = (list(inspect.signature(k.fn).parameters) for k in (_decode_fwd, _combine_splits))
+_DECODE_PLANS = {}   # `_decode_plan_key` → a `_DecodeLaunch`, or False where none could be built
+
+def _decode_plan_key(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, scale:float, num_splits:int) -> tuple:
+    "Everything a decode launch depends on but the data: shapes, strides, dtype, device, options, 16-byte alignment."
+    tensors = (q, k_cache, v_cache, o, lse) + (() if cache_seqlens is None else (cache_seqlens,))
+    return (q.shape, k_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), o.stride(), lse.stride(), q.dtype,
+            q.device, causal, scale, num_splits, cache_seqlens is None, tuple(t.data_ptr() % 16 == 0 for t in tensors))
+
+class _DecodeLaunch:
+    """The split kernel's launch, and the combine's when keys are split, through Triton's C launcher alone: built from
+    the compiled kernels Triton launched, their grids and every argument in signature order; valid for one `_decode_plan_key`."""
+    def __init__(self, split_kernel, split_grid:int, split_args:list, combine_kernel, combine_grid:int, combine_args:list):
+        self.launches = [(*_c_launch(split_kernel), (split_grid, 1, 1), tuple(split_args[6:]))]   # after Q … SEQLENS
+        if combine_kernel is not None:
+            self.launches.append((*_c_launch(combine_kernel), (combine_grid, 1, 1), tuple(combine_args[4:])))   # after O_PART … LSE
+        self.device, self.stream = split_args[0].device.index, triton.runtime.driver.active.get_current_stream
+
+    def __call__(self, q, k_cache, v_cache, seqlens, o_part, lse_part, o, lse):
+        stream = self.stream(self.device)
+        for (raw, fixed, grid, rest), tensors in zip(self.launches, ((q, k_cache, v_cache, o_part, lse_part, seqlens),
+                                                                     (o_part, lse_part, o, lse))):
+            raw(*grid, stream, *fixed, *tensors, *rest)
 
 # %% ../nbs/06_split_kv_decode.ipynb #ed8bc57c
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"  # as in 03: a notebook's copy stays apart
