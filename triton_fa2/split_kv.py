@@ -235,7 +235,7 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
             split, programs, split_args + [split_named[n] for n in _DECODE_FWD_ARGS[len(split_args):]],
             combine, B * Hq * Lq, combine_args + [combine_constants[n] for n in _COMBINE_ARGS[len(combine_args):]]))
 
-# %% ../nbs/06_split_kv_decode.ipynb #9e2492f4
+# %% ../nbs/06_split_kv_decode.ipynb #e153d2e0
 _DECODE_FWD_ARGS, _COMBINE_ARGS = (list(inspect.signature(k.fn).parameters) for k in (_decode_fwd, _combine_splits))
 _DECODE_PLANS = {}   # `_decode_plan_key` → a `_DecodeLaunch`, or False where none could be built
 
