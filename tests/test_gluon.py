@@ -89,6 +89,12 @@ def test_where_the_gluon_kernel_applies():
     named, grid = gluon._arguments(*(torch.empty(2, 8, 100, 128, dtype=torch.bfloat16) for _ in range(4)),
                                    torch.empty(2, 8, 100), True, 0.125, ws)
     assert grid == 1 * 2 * 8 and named["q_desc"].block_shape == [1, 1, 64, 128] and named["FIXED_MAX"]   # 128-row blocks
+    assert not named["PERSISTENT"]
+    persistent = GluonConfig(128, 128, 2, 4, P_SMEM=True, WARP_SPECIALIZE=True, PINGPONG=True, PERSISTENT=True)
+    assert persistent.label == "gluon ws 128x128 s2 pingpong persistent" and persistent not in CANDIDATES   # prepared only
+    named, grid = gluon._arguments(*(torch.empty(4, 32, 2048, 128, dtype=torch.bfloat16) for _ in range(4)),
+                                   torch.empty(4, 32, 2048), True, 0.125, persistent)
+    assert named["PERSISTENT"] and grid == 16 * 4 * 32            # on a CPU every block; on a GPU one program per SM
     # `_Launch` finds qk_scale by `ARG_NAMES` for either kernel: their arguments agree up to it
     at = gluon.ARG_NAMES.index("qk_scale")
     assert gluon.WS_ARG_NAMES[:at + 1] == gluon.ARG_NAMES[:at + 1]

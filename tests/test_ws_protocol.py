@@ -26,3 +26,28 @@ def test_the_simulation_catches_a_broken_protocol(monkeypatch):
     exec(compile(source, "broken_sim", "exec"), broken)
     with pytest.raises(AssertionError):
         for seed in range(20): broken["run"](7, 3, True, (False, False, False), seed, 3)
+
+
+# A persistent program (`PERSISTENT`): blocks in a row; the rings' laps, the turns and the per-block parities carry on
+@pytest.mark.parametrize("blocks", [(3, 0, 5), (1, 1, 1, 1), (7, 2)])   # an empty block between; one load each; uneven
+@pytest.mark.parametrize("stages, pingpong", [(2, True), (3, True), (2, False)])
+def test_the_persistent_protocol_holds_on_random_schedules(blocks, stages, pingpong):
+    for seed in range(8):
+        redo = [((seed + j) % 3 == 0, (seed * j) % 4 == 1) for j in range(len(blocks))]
+        assert run(list(blocks), stages, pingpong, redo, seed)
+
+
+@pytest.mark.parametrize("mutation", [
+    ("            if j > 0:\n                while not block_bar.passed((j - 1) & 1): yield\n", "            if False:\n"),   # no wait for the last block
+    ("yield from take_turn(me, ring + t + 1)", "yield from take_turn(me, t + 1)"),                            # turns counted per block
+    ("while not q_bars[me].passed(j & 1): yield", "while not q_bars[me].passed(0): yield"),                   # Q's parity not carried
+])
+def test_the_simulation_catches_a_broken_persistent_protocol(mutation):
+    import ws_protocol_sim
+    original = open(ws_protocol_sim.__file__).read()
+    source = original.replace(*mutation)
+    assert source != original
+    broken = {}
+    exec(compile(source, "broken_sim", "exec"), broken)
+    with pytest.raises(AssertionError):
+        for seed in range(30): broken["run"]([3, 2, 4, 1], 2, True, [(True, False), (False, True), (False, False), (True, True)], seed)

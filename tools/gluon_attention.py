@@ -103,6 +103,7 @@ def time_against_yardsticks(extra_runs, out, commit="unknown", autotuned=True):
     only_d = int(os.environ.get("TIMING_D", 0))       # e.g. TIMING_D=64: the D = 64 timing shapes alone
     for B, H, N, D, causal, dtype in TIMING_SHAPES:
         if only_d and D != only_d: continue
+        if os.environ.get("TIMING_CAUSAL", "") not in ("", str(int(causal))): continue   # TIMING_CAUSAL=0: non-causal shapes alone
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
         flops = 4 * B * H * N * N * D / (2 if causal else 1)
         def sdpa(backend):

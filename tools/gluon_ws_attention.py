@@ -24,17 +24,19 @@ from gluon_attention import check_against_float32, time_against_yardsticks
 
 ROWS = 64          # rows per consumer warpgroup; a program owns CONSUMERS · ROWS
 ONLY_D = int(os.environ.get("TIMING_D", 0))   # TIMING_D=64: checks, smoke and timing at that head dim alone
+ONLY_CAUSAL = os.environ.get("TIMING_CAUSAL", "")   # "0": non-causal checks, smoke and timing alone (a build that compiles only so)
 
 
 def _arguments(q, k, v, o, lse, causal, scale, BLOCK_N=64, STAGES=2, PINGPONG=False, FIXED_MAX=False, CONSUMER_REGS=240,
-               CONSUMERS=2):
+               CONSUMERS=2, PERSISTENT=False):
     B, Hq, Lq, D = q.shape
     named = dict(q_desc=_descriptor(q, ROWS), k_desc=_descriptor(k, BLOCK_N), v_desc=_descriptor(v, BLOCK_N),
                  o_desc=_descriptor(o, ROWS), LSE=lse, seqlen_q=Lq, seqlen_k=k.shape[2], num_heads=Hq,
                  group_size=Hq // k.shape[1], qk_scale=scale * LOG2E, HEAD_DIM=D, CAUSAL=causal, BLOCK_N=BLOCK_N,
                  STAGES=STAGES, PINGPONG=PINGPONG, FIXED_MAX=FIXED_MAX, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
-                 CONSUMERS=CONSUMERS)
-    return named, triton.cdiv(Lq, CONSUMERS * ROWS) * B * Hq
+                 CONSUMERS=CONSUMERS, PERSISTENT=PERSISTENT)
+    blocks = triton.cdiv(Lq, CONSUMERS * ROWS) * B * Hq
+    return named, min(blocks, torch.cuda.get_device_properties(q.device).multi_processor_count) if PERSISTENT and q.is_cuda else blocks
 
 
 def attention_ws(q, k, v, causal=False, scale=None, poison=False, **config):
@@ -84,10 +86,11 @@ def gpu_checks(configs):
         for dtype in (torch.bfloat16, torch.float16):
             for B, H, Lq, D, causal, *lk in CHECKS:
                 if ONLY_D and D != ONLY_D: continue
+                if ONLY_CAUSAL not in ("", str(int(causal))): continue
                 run = lambda q, k, v, causal: attention_ws(q, k, v, causal, poison=True, **cfg)
                 ok_all &= check_against_float32(run, B, H, Lq, lk[0] if lk else Lq, D, causal, dtype, label=cfg)
             for D in [ONLY_D] if ONLY_D else (64, 128):   # P overflows under a fixed maximum: the redo (FIXED_MAX), or nothing to redo (online)
-                ok_all &= check_against_float32(run, 2, 2, 512, 512, D, True, dtype, label=f"{cfg} overflow", overflow=True)
+                ok_all &= check_against_float32(run, 2, 2, 512, 512, D, ONLY_CAUSAL != "0", dtype, label=f"{cfg} overflow", overflow=True)
         print(f"checked {cfg}", flush=True)
     print("ALL CHECKS PASSED" if ok_all else "SOME CHECKS FAILED", flush=True)
     return ok_all
@@ -101,9 +104,9 @@ def gpu_time(configs, out, commit):
 
 
 def parse(configs):
-    "'BLOCK_N,STAGES,PINGPONG,CONSUMER_REGS[,FIXED_MAX[,CONSUMERS]];...' → list of config dicts (3 consumers: 160 registers)."
-    keys = ("BLOCK_N", "STAGES", "PINGPONG", "CONSUMER_REGS", "FIXED_MAX", "CONSUMERS")
-    return [{k: (bool(int(x)) if k in ("PINGPONG", "FIXED_MAX") else int(x)) for k, x in zip(keys, c.split(","))}
+    "'BLOCK_N,STAGES,PINGPONG,CONSUMER_REGS[,FIXED_MAX[,CONSUMERS[,PERSISTENT]]];...' → config dicts (3 consumers: 160 registers)."
+    keys = ("BLOCK_N", "STAGES", "PINGPONG", "CONSUMER_REGS", "FIXED_MAX", "CONSUMERS", "PERSISTENT")
+    return [{k: (bool(int(x)) if k in ("PINGPONG", "FIXED_MAX", "PERSISTENT") else int(x)) for k, x in zip(keys, c.split(","))}
             for c in configs.split(";") if c]
 
 
@@ -118,7 +121,7 @@ if __name__ == "__main__":
     if a.smoke:   # prints "smoke <config as given>: ok" per config that passed, for the next call's --configs
         for text, cfg in zip([c for c in a.configs.split(";") if c], configs):
             run = lambda q, k, v, causal: attention_ws(q, k, v, causal, poison=True, **cfg)
-            good = check_against_float32(run, 1, 2, 300, 300, ONLY_D or 128, True, torch.bfloat16, label=cfg)
+            good = check_against_float32(run, 1, 2, 300, 300, ONLY_D or 128, ONLY_CAUSAL != "0", torch.bfloat16, label=cfg)
             print(f"smoke {text}: {'ok' if good else 'WRONG'}", flush=True)
     elif a.compile:
         for cfg in configs:

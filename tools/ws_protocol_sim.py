@@ -23,36 +23,53 @@ class Barrier:
 
 
 def run(n_loads, stages, pingpong, redo, seed, consumers=2):
+    """One schedule. `n_loads`: the block's K/V loads, or a list of them, one per block of a persistent program
+    (`_ws_producer_persistent`, `_ws_consumer_persistent`); `redo`: which consumers redo, or a list of that per block."""
+    blocks = list(n_loads) if isinstance(n_loads, (list, tuple)) else [n_loads]
+    redos = list(redo) if isinstance(redo[0], (list, tuple)) else [redo]
+    assert len(redos) == len(blocks)
+    total = sum(blocks)
+    starts = [sum(blocks[:j]) for j in range(len(blocks))]     # each block's first load in the program's count (`ring`)
     rng = random.Random(seed)
     everyone = set(range(consumers))
     k_ready, v_ready = [Barrier(1) for _ in range(stages)], [Barrier(1) for _ in range(stages)]
     k_empty, v_empty = [Barrier(consumers) for _ in range(stages)], [Barrier(consumers) for _ in range(stages)]
     turn, redo_bars, q_bars = ([Barrier(1) for _ in range(consumers)] for _ in range(3))
-    done = Barrier(consumers)
+    done, block_bar = Barrier(consumers), Barrier(consumers)
     k_slot, v_slot = [None] * stages, [None] * stages            # which load a slot holds (None: being written)
-    released = {"k": [set() for _ in range(n_loads)], "v": [set() for _ in range(n_loads)]}
-    in_flight, issued, issue_order, finished, main_done = [], [0], [], set(), set()
+    q_tile = [None] * consumers                                  # which block's Q a consumer's tile holds
+    released = {"k": [set() for _ in range(total)], "v": [set() for _ in range(total)]}
+    in_flight, issued, issue_order, finished = [], [0], [], set()
+    main_done = [set() for _ in blocks]                          # consumers done with the rings, per block
+    q_read = [set() for _ in blocks]                             # consumers done reading Q, per block
 
-    def tma(kind, t, bar):                                       # a copy that lands some steps later
-        slot = t % stages
-        if t >= stages: assert released[kind][t - stages] == everyone, f"{kind} slot {slot} refilled before all released load {t - stages}"
+    def tma(kind, g, bar):                                       # a copy that lands some steps later
+        slot = g % stages
+        if g >= stages: assert released[kind][g - stages] == everyone, f"{kind} slot {slot} refilled before all released load {g - stages}"
         (k_slot if kind == "k" else v_slot)[slot] = None
-        in_flight.append((rng.randint(1, 6), kind, t, bar))
+        in_flight.append((rng.randint(1, 6), kind, g, bar))
 
     def producer():
-        for c in range(consumers): in_flight.append((rng.randint(1, 6), "q", c, q_bars[c]))
-        for t in range(n_loads):
-            slot, phase = t % stages, (t // stages) & 1
-            while not k_empty[slot].passed(phase ^ 1): yield
-            tma("k", t, k_ready[slot])
-            while not v_empty[slot].passed(phase ^ 1): yield
-            tma("v", t, v_ready[slot])
-            issued[0] = t + 1
+        for j, n in enumerate(blocks):
+            if j > 0:
+                while not block_bar.passed((j - 1) & 1): yield
+                assert q_read[j - 1] == everyone, "Q reloaded while a consumer still reads the last block's"
+            for c in range(consumers):
+                q_tile[c] = None
+                in_flight.append((rng.randint(1, 6), "q", (c, j), q_bars[c]))
+            for t in range(n):
+                g = starts[j] + t
+                slot, phase = g % stages, (g // stages) & 1
+                while not k_empty[slot].passed(phase ^ 1): yield
+                tma("k", g, k_ready[slot])
+                while not v_empty[slot].passed(phase ^ 1): yield
+                tma("v", g, v_ready[slot])
+                issued[0] = g + 1
         finished.add("producer")
 
-    def wait_tile(bars, slots, t, kind):
-        while not bars[t % stages].passed((t // stages) & 1): yield
-        assert slots[t % stages] == t, f"consumer read {kind} slot {t % stages} holding {slots[t % stages]}, wanted load {t}"
+    def wait_tile(bars, slots, g, kind):
+        while not bars[g % stages].passed((g // stages) & 1): yield
+        assert slots[g % stages] == g, f"consumer read {kind} slot {g % stages} holding {slots[g % stages]}, wanted load {g}"
 
     def take_turn(me, k):
         if pingpong:
@@ -63,33 +80,40 @@ def run(n_loads, stages, pingpong, redo, seed, consumers=2):
         if pingpong: turn[(me + 1) % consumers].arrive()
 
     def consumer(me):
-        while not q_bars[me].passed(0): yield
-        if n_loads > 0:
-            yield from take_turn(me, 0)
-            yield from wait_tile(k_ready, k_slot, 0, "k")       # QK(0) issued
-            give_turn(me)
-            yield                                                # … and waited for
-            released["k"][0].add(me); k_empty[0].arrive()
-            for t in range(n_loads - 1):
-                yield from take_turn(me, t + 1)
-                yield from wait_tile(k_ready, k_slot, t + 1, "k")   # QK(t+1) issued
-                yield from wait_tile(v_ready, v_slot, t, "v")       # PV(t) issued
+        redo_loads = 0
+        for j, n in enumerate(blocks):
+            ring = starts[j]
+            while not q_bars[me].passed(j & 1): yield
+            assert q_tile[me] == j, f"consumer {me} read Q of block {q_tile[me]} for block {j}"
+            if n > 0:
+                yield from take_turn(me, ring)
+                yield from wait_tile(k_ready, k_slot, ring, "k")    # QK(0) issued
                 give_turn(me)
-                yield                                                # wait(1): QK(t+1) done
-                released["k"][t + 1].add(me); k_empty[(t + 1) % stages].arrive()
-                yield                                                # softmax(t+1); wait(0): PV(t) done
-                released["v"][t].add(me); v_empty[t % stages].arrive()
-            yield from wait_tile(v_ready, v_slot, n_loads - 1, "v")
-            yield
-            released["v"][n_loads - 1].add(me); v_empty[(n_loads - 1) % stages].arrive()
-        main_done.add(me); done.arrive()
-        if redo[me]:
-            while not done.passed(0): yield
-            assert main_done == everyone, "redo while another consumer still uses the rings"
-            assert issued[0] == n_loads and not any(kind in "kv" for _, kind, _, _ in in_flight), "redo while the producer still loads"
-            for t in range(3):                                   # own loads into slot `me`, one at a time
-                in_flight.append((rng.randint(1, 6), "redo", t, redo_bars[me]))
-                while not redo_bars[me].passed(t & 1): yield
+                yield                                                # … and waited for
+                released["k"][ring].add(me); k_empty[ring % stages].arrive()
+                for t in range(n - 1):
+                    yield from take_turn(me, ring + t + 1)
+                    yield from wait_tile(k_ready, k_slot, ring + t + 1, "k")   # QK(t+1) issued
+                    yield from wait_tile(v_ready, v_slot, ring + t, "v")       # PV(t) issued
+                    give_turn(me)
+                    yield                                                # wait(1): QK(t+1) done
+                    released["k"][ring + t + 1].add(me); k_empty[(ring + t + 1) % stages].arrive()
+                    yield                                                # softmax(t+1); wait(0): PV(t) done
+                    released["v"][ring + t].add(me); v_empty[(ring + t) % stages].arrive()
+                yield from wait_tile(v_ready, v_slot, ring + n - 1, "v")
+                yield
+                released["v"][ring + n - 1].add(me); v_empty[(ring + n - 1) % stages].arrive()
+            q_read[j].add(me)
+            main_done[j].add(me); done.arrive()
+            if redos[j][me]:
+                while not done.passed(j & 1): yield
+                assert main_done[j] == everyone, "redo while another consumer still uses the rings"
+                assert issued[0] == starts[j] + n and not any(kind in "kv" for _, kind, _, _ in in_flight), "redo while the producer still loads"
+                for t in range(3):                                   # own loads into slot `me`, one at a time
+                    in_flight.append((rng.randint(1, 6), "redo", t, redo_bars[me]))
+                    while not redo_bars[me].passed((redo_loads + t) & 1): yield
+                redo_loads += 3
+            if len(blocks) > 1: block_bar.arrive()                   # the persistent program's: done with the rings
         finished.add(f"consumer{me}")
 
     tasks = {"producer": producer(), **{f"consumer{c}": consumer(c) for c in range(consumers)}}
@@ -100,6 +124,7 @@ def run(n_loads, stages, pingpong, redo, seed, consumers=2):
             in_flight.remove(c)
             _, kind, t, bar = c
             if kind in "kv": (k_slot if kind == "k" else v_slot)[t % stages] = t
+            if kind == "q": q_tile[t[0]] = t[1]
             bar.arrive()
         in_flight[:] = [(d - 1, *rest) for d, *rest in in_flight]
         if not alive and not in_flight: break
@@ -107,8 +132,8 @@ def run(n_loads, stages, pingpong, redo, seed, consumers=2):
         if name:
             try: next(alive[name])
             except StopIteration: del alive[name]
-        assert step < 100_000, f"deadlock: {sorted(alive)} still waiting (n_loads {n_loads}, stages {stages})"
-    if pingpong: assert issue_order == list(range(consumers)) * n_loads, issue_order
+        assert step < 200_000, f"deadlock: {sorted(alive)} still waiting (loads {blocks}, stages {stages})"
+    if pingpong: assert issue_order == list(range(consumers)) * total, issue_order
     return True
 
 
@@ -120,4 +145,8 @@ if __name__ == "__main__":
             if stages < consumers: continue                      # the kernel asserts one ring slot per consumer (the redo's)
             for seed in range(40 if consumers == 2 else 20):
                 run(n_loads, stages, pingpong, redo, seed, consumers); runs += 1
+    for blocks, stages, pingpong in itertools.product(((3, 0, 5), (1, 1, 1, 1), (7, 2), (0, 0, 4)), (2, 3), (False, True)):
+        for seed in range(40):                                   # a persistent program: blocks in a row, random redos
+            redo = [tuple(random.Random(seed * 7 + j * 3 + c).random() < 0.3 for c in range(2)) for j in range(len(blocks))]
+            run(list(blocks), stages, pingpong, redo, seed); runs += 1
     print(f"{runs} random schedules: no deadlock, no slot refilled early, every tile read as loaded, turns kept, redo safe")

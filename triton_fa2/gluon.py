@@ -286,7 +286,8 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
 class GluonConfig:
     """One candidate of the Gluon kernels: tile rows and keys, the depth of the K/V rings, warps (4 per 64 rows), Q's source,
     P's; with `WARP_SPECIALIZE`, the last section's kernel (`_attn_fwd_ws`: BLOCK_M rows for BLOCK_M / 64 consumer warpgroups (two
-    or three) of `num_warps` warps each and a loading warp, PV always under the next softmax, the consumers in turns with `PINGPONG`)."""
+    or three) of `num_warps` warps each and a loading warp, PV always under the next softmax, the consumers in turns with `PINGPONG`;
+    with `PERSISTENT`, one program per SM walking the grid's blocks)."""
     BLOCK_M: int = 64
     BLOCK_N: int = 64
     STAGES: int = 2
@@ -295,13 +296,15 @@ class GluonConfig:
     P_SMEM: bool = False
     WARP_SPECIALIZE: bool = False
     PINGPONG: bool = False
+    PERSISTENT: bool = False
     @property
     def kwargs(self) -> dict: return dict(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, STAGES=self.STAGES, Q_IN_REGS=self.Q_IN_REGS, P_SMEM=self.P_SMEM)
     @property
     def num_stages(self) -> int: return self.STAGES     # so `_shape` and `_smem_bytes` read it as a `triton.Config`
     @property
     def label(self) -> str:                             # the benchmark's `config` column, the tuning log's names
-        if self.WARP_SPECIALIZE: return f"gluon ws {self.BLOCK_M}x{self.BLOCK_N} s{self.STAGES}" + (" pingpong" if self.PINGPONG else "")
+        if self.WARP_SPECIALIZE: return (f"gluon ws {self.BLOCK_M}x{self.BLOCK_N} s{self.STAGES}" + (" pingpong" if self.PINGPONG else "")
+                                         + (" persistent" if self.PERSISTENT else ""))
         return f"gluon {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.STAGES}" + (" qreg" if self.Q_IN_REGS else "") + (" psmem" if self.P_SMEM else "")
     @property
     def head_dims(self) -> tuple:                       # where the autotuner times it: run 23 found the ws kernel slower at D = 64
@@ -341,9 +344,14 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:GluonConfig) ->
         consumers = config.BLOCK_M // 64                               # 64-row consumer warpgroups
         regs = _WS_CONSUMER_REGS[consumers]
         named.update(BLOCK_N=config.BLOCK_N, STAGES=config.STAGES, PINGPONG=config.PINGPONG, FIXED_MAX=True, CONSUMER_REGS=regs,
-                     num_warps=config.num_warps, CONSUMERS=consumers, maxnreg=_ws_maxnreg(regs, consumers))
+                     num_warps=config.num_warps, CONSUMERS=consumers, PERSISTENT=config.PERSISTENT, maxnreg=_ws_maxnreg(regs, consumers))
     else: named.update(**config.kwargs, num_warps=config.num_warps)
-    return named, triton.cdiv(Lq, config.BLOCK_M) * B * Hq
+    blocks = triton.cdiv(Lq, config.BLOCK_M) * B * Hq
+    return named, min(blocks, _num_sms(q.device)) if config.PERSISTENT and q.is_cuda else blocks   # (CPU: a compile only)
+
+@functools.lru_cache
+def _num_sms(device:torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 def launch(q, k, v, o, lse, causal:bool, scale:float, config:GluonConfig):
     """Run the kernel on (B, H, L, D) views (checked by `applies`) into o and lse (B, Hq, Lq) contiguous; returns the compiled
@@ -415,8 +423,9 @@ def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.b
 # %% ../nbs/11_gluon.ipynb #12683ec5
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                 off_z, off_h, off_hkv, first_pos, n_online, online_lo, n_loads, BLOCK_N: gl.constexpr):
-    "The loading warp: the consumers' Q tiles, then K and V tiles in the consumers' order, each slot when all freed it."
+                 off_z, off_h, off_hkv, first_pos, n_online, online_lo, n_loads, ring, BLOCK_N: gl.constexpr):
+    """The loading warp: the consumers' Q tiles, then K and V tiles in the consumers' order, each slot when all freed it.
+    `ring`: the K/V loads made before this block (0, or a persistent program's earlier blocks'): the rings' laps go on."""
     stages: gl.constexpr = k_smem.shape[0]
     rows: gl.constexpr = q_smem.shape[3]
     consumers: gl.constexpr = q_smem.shape[0]
@@ -424,8 +433,8 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [off_z, off_h, first_pos + c * rows, 0], q_bars.index(c), q_smem.index(c))
     for t in range(n_loads):
-        slot = t % stages
-        phase = (t // stages) & 1
+        slot = (ring + t) % stages
+        phase = ((ring + t) // stages) & 1
         row = _load_row(t, n_online, online_lo, BLOCK_N)
         mbarrier.wait(k_empty.index(slot), phase ^ 1)             # a fresh barrier counts as its phase 1 done
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
@@ -451,19 +460,20 @@ def _give_turn(turn_bars, me: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _ws_step(me: gl.constexpr, t, q, acc, m_i, l_i, m_fixed, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem, k_ready, k_empty,
+def _ws_step(me: gl.constexpr, t, ring, q, acc, m_i, l_i, m_fixed, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem, k_ready, k_empty,
              v_ready, v_empty, turn_bars, seqlen_k, offset, qk_scale, n_online, online_lo, full_end,
              HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, ONLINE: gl.constexpr):
     """Iteration t of a consumer: issue QKᵀ(t+1) and PV(t) (P(t) from shared memory), softmax(t+1) while PV(t) runs,
-    P(t+1) to the other slot, then wait for PV(t); online (running maximum, rescale) or with each row's maximum fixed."""
+    P(t+1) to the other slot, then wait for PV(t); online (running maximum, rescale) or with each row's maximum fixed.
+    Ring slots and turns count on from `ring`, the loads of the program's earlier blocks."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
-    _take_turn(turn_bars, me, t + 1, PINGPONG)
-    k = _wait_slot(k_ready, k_smem, t + 1)
+    _take_turn(turn_bars, me, ring + t + 1, PINGPONG)
+    k = _wait_slot(k_ready, k_smem, ring + t + 1)
     s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    acc_tok = warpgroup_mma(p_smem.index(me * 2 + t % 2), _wait_slot(v_ready, v_smem, t), warpgroup_mma_init(acc), is_async=True)
+    acc_tok = warpgroup_mma(p_smem.index(me * 2 + t % 2), _wait_slot(v_ready, v_smem, ring + t), warpgroup_mma_init(acc), is_async=True)
     _give_turn(turn_bars, me, PINGPONG)
     s = warpgroup_mma_wait(1, deps=(s_tok,))                          # QKᵀ(t+1) done; PV(t) may still run
-    mbarrier.arrive(k_empty.index((t + 1) % k_smem.shape[0]), count=1)
+    mbarrier.arrive(k_empty.index((ring + t + 1) % k_smem.shape[0]), count=1)
     if ONLINE:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N),
                                            full_end, seqlen_k, offset, qk_scale, CAUSAL)
@@ -473,7 +483,7 @@ def _ws_step(me: gl.constexpr, t, q, acc, m_i, l_i, m_fixed, offs_m, offs_n, s_z
     p_smem.index(me * 2 + (t + 1) % 2).store(p.to(p_smem.dtype))     # PV(t−1), its last reader, is retired
     fence_async_shared()
     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-    mbarrier.arrive(v_empty.index(t % v_smem.shape[0]), count=1)
+    mbarrier.arrive(v_empty.index((ring + t) % v_smem.shape[0]), count=1)
     if ONLINE:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -485,9 +495,25 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
                  v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv, off_zh, first_pos, seqlen_q,
                  seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end, end, HEAD_DIM: gl.constexpr,
                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr):
-    """One consumer warpgroup: rows first_pos + me·64 …, every K/V tile the producer loads, PV overlapped. The masked run
-    online; then, with FIXED_MAX, each row's maximum from it fixed for the unmasked tiles, and the block redone online
-    (loading its own tiles into ring slot `me` once every consumer is done with the rings) if P overflowed."""
+    "A consumer warpgroup of a program that computes one block: `_ws_consume_block` once, O out through Q's tile."
+    _ws_consume_block(me, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty, v_ready,
+                      v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv, off_zh, first_pos, seqlen_q, seqlen_k,
+                      qk_scale, n_online, online_lo, n_loads, full_end, end, 0, 0, 0, q_smem.index(me), done_bar, HEAD_DIM,
+                      CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX, False)
+
+
+@gluon.jit
+def _ws_consume_block(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready,
+                      k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv, off_zh, first_pos,
+                      seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end, end, ring, block_phase, redos,
+                      o_smem, block_bar, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                      PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One consumer warpgroup on one block: rows first_pos + me·64 …, every K/V tile the producer loads, PV overlapped. The
+    masked run online; then, with FIXED_MAX, each row's maximum from it fixed for the unmasked tiles, and the block redone
+    online (loading its own tiles into ring slot `me` once every consumer is done with the rings) if P overflowed. The
+    state a persistent program carries from block to block: `ring` (K/V loads and turns so far), `block_phase` (the
+    parity of its per-block barriers), `redos` (loads of earlier redos, returned updated); O leaves through `o_smem`,
+    and with PERSISTENT the consumer arrives at `block_bar` once it no longer needs the rings (the producer's cue)."""
     dtype: gl.constexpr = o_desc.dtype
     rows: gl.constexpr = q_smem.shape[3]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -503,40 +529,42 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
     l_i = gl.zeros([rows], gl.float32, layout=rows_s)
     acc = gl.zeros([rows, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([rows, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bars.index(me), 0)
+    mbarrier.wait(q_bars.index(me), block_phase)
     q = q_smem.index(me).reshape([rows, HEAD_DIM])
     if n_loads > 0:                                                    # then n_online ≥ 1: tile 0 is the masked run's
-        _take_turn(turn_bars, me, 0, PINGPONG)
-        k = _wait_slot(k_ready, k_smem, 0)
+        _take_turn(turn_bars, me, ring, PINGPONG)
+        k = _wait_slot(k_ready, k_smem, ring)
         s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _give_turn(turn_bars, me, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(ring % k_smem.shape[0]), count=1)
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(0, n_online, online_lo, BLOCK_N),
                                            full_end, seqlen_k, offset, qk_scale, CAUSAL)
+        if PERSISTENT: tma.store_wait(0)                               # the last block's O left through this P slot
         p_smem.index(me * 2).store(p.to(dtype))
         fence_async_shared()
         online_steps = n_online - 1 if FIXED_MAX else n_loads - 1
         for t in range(0, online_steps):
-            acc, m_i, l_i = _ws_step(me, t, q, acc, m_i, l_i, m_i, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem, k_ready,
+            acc, m_i, l_i = _ws_step(me, t, ring, q, acc, m_i, l_i, m_i, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem, k_ready,
                                      k_empty, v_ready, v_empty, turn_bars, seqlen_k, offset, qk_scale, n_online, online_lo,
                                      full_end, HEAD_DIM, CAUSAL, PINGPONG, True)
         if FIXED_MAX:
             m_fixed = gl.where(m_i == float("-inf"), 0.0, m_i)        # a row that saw none of them sees no key: P stays 0
             for t in range(online_steps, n_loads - 1):
-                acc, m_i, l_i = _ws_step(me, t, q, acc, m_i, l_i, m_fixed, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem,
+                acc, m_i, l_i = _ws_step(me, t, ring, q, acc, m_i, l_i, m_fixed, offs_m, offs_n, s_zero, k_smem, v_smem, p_smem,
                                          k_ready, k_empty, v_ready, v_empty, turn_bars, seqlen_k, offset, qk_scale, n_online,
                                          online_lo, full_end, HEAD_DIM, CAUSAL, PINGPONG, False)
         t_last = n_loads - 1
-        acc_tok = warpgroup_mma(p_smem.index(me * 2 + t_last % 2), _wait_slot(v_ready, v_smem, t_last),
+        acc_tok = warpgroup_mma(p_smem.index(me * 2 + t_last % 2), _wait_slot(v_ready, v_smem, ring + t_last),
                                 warpgroup_mma_init(acc), is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-        mbarrier.arrive(v_empty.index(t_last % v_smem.shape[0]), count=1)
+        mbarrier.arrive(v_empty.index((ring + t_last) % v_smem.shape[0]), count=1)
     if FIXED_MAX:
         mbarrier.arrive(done_bar, count=1)                             # this consumer is done with the rings
         finite = (l_i < float("inf")) & (gl.convert_layout(gl.sum(gl.abs(acc), 1), rows_s) < float("inf"))
         if gl.min(finite.to(gl.int32), 0) == 0:
-            mbarrier.wait(done_bar, 0)                                 # … and so is every other: slot `me` is free
+            mbarrier.wait(done_bar, block_phase)                       # … and so is every other: slot `me` is free
+            if PERSISTENT: tma.store_wait(0)                           # (and P's first slot, the last block's O)
             bar = redo_bars.index(me)
             m_i = gl.full([rows], float("-inf"), gl.float32, layout=rows_s)
             l_i = gl.zeros([rows], gl.float32, layout=rows_s)
@@ -547,22 +575,94 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
                 mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [off_z, off_hkv, t * BLOCK_N, 0], bar, k_smem.index(me))
                 tma.async_copy_global_to_shared(v_desc, [off_z, off_hkv, t * BLOCK_N, 0], bar, v_smem.index(me))
-                mbarrier.wait(bar, t & 1)
+                mbarrier.wait(bar, (redos + t) & 1)
                 s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
                 p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, t * BLOCK_N, full_end, seqlen_k, offset,
                                                    qk_scale, CAUSAL)
-                p16 = gl.convert_layout(p.to(dtype), p_layout)
                 acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-                acc, p16 = warpgroup_mma_wait(0, deps=(warpgroup_mma(p16, v, warpgroup_mma_init(acc), is_async=True), p16))
+                if PERSISTENT:                                         # P through shared memory: ptxas 12.8 crashes on
+                    p_smem.index(me * 2).store(p.to(dtype))            # the register operand in this nested loop
+                    fence_async_shared()
+                    acc = warpgroup_mma_wait(0, deps=(warpgroup_mma(p_smem.index(me * 2), v, warpgroup_mma_init(acc), is_async=True),))
+                else:
+                    p16 = gl.convert_layout(p.to(dtype), p_layout)
+                    acc, p16 = warpgroup_mma_wait(0, deps=(warpgroup_mma(p16, v, warpgroup_mma_init(acc), is_async=True), p16))
+            if PERSISTENT: redos += gl.cdiv(end, BLOCK_N)
+    if PERSISTENT: mbarrier.arrive(block_bar, count=1)                 # done with the rings, redo included
     seen_nothing = l_i == 0.0
     l_safe = gl.where(seen_nothing, 1.0, l_i)
     o = acc / gl.convert_layout(l_safe, rows_o)[:, None]
     lse = gl.where(seen_nothing, float("-inf"), (m_i + gl.log2(l_safe)) * _LN2)
     gl.store(LSE + off_zh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
-    o_smem = q_smem.index(me)                                          # Q's tile is no longer read: O goes out through it
-    o_smem.reshape([rows, HEAD_DIM]).store(o.to(dtype))
+    if PERSISTENT:                                                     # O through P's first slot, left in flight
+        tma.store_wait(0)
+        o_view = o_smem._reinterpret(dtype, [1, 1, rows, HEAD_DIM], o_desc.layout)
+    else: o_view = o_smem                                              # Q's tile, no longer read
+    o_view.reshape([rows, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [off_z, off_h, first_pos + me * rows, 0], o_smem)
+    tma.async_copy_shared_to_global(o_desc, [off_z, off_h, first_pos + me * rows, 0], o_view)
+    if not PERSISTENT: tma.store_wait(0)
+    return redos
+
+
+@gluon.jit
+def _ws_block(block, seqlen_q, seqlen_k, num_heads, group_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """Block `block` of the grid's order (each head's row blocks together, the ones that see the most keys first when
+    causal): its batch, head, KV head, first row, and the tiles of the whole block in the shipped kernel's order (the
+    masked run first, then key 0 onwards)."""
+    num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+    start_m = block % num_m_blocks
+    if CAUSAL: start_m = num_m_blocks - 1 - start_m
+    off_zh = block // num_m_blocks
+    off_z = off_zh // num_heads
+    off_h = off_zh % num_heads
+    off_hkv = off_h // group_size
+    first_pos = start_m * BLOCK_M
+    end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    return off_z, off_h, off_hkv, off_zh, first_pos, end, full_end, online_lo, n_online, n_online + n_fixed
+
+
+@gluon.jit
+def _ws_producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                            block_bar, seqlen_q, seqlen_k, num_heads, group_size, num_blocks, BLOCK_N: gl.constexpr,
+                            CAUSAL: gl.constexpr):
+    """The loading warp of a persistent program: its blocks one after another (every `num_programs`-th of the grid's
+    order), each block's loads once every consumer has let go of the previous block's (`block_bar`: a redo reloads
+    into the ring)."""
+    block_m: gl.constexpr = q_smem.shape[0] * q_smem.shape[3]
+    ring = gl.to_tensor(0)
+    j = gl.to_tensor(0)
+    for block in range(gl.program_id(0), num_blocks, gl.num_programs(0)):
+        off_z, off_h, off_hkv, off_zh, first_pos, end, full_end, online_lo, n_online, n_loads = _ws_block(
+            block, seqlen_q, seqlen_k, num_heads, group_size, block_m, BLOCK_N, CAUSAL)
+        if j > 0: mbarrier.wait(block_bar, (j - 1) & 1)
+        _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, off_z,
+                     off_h, off_hkv, first_pos, n_online, online_lo, n_loads, ring, BLOCK_N)
+        ring += n_loads
+        j += 1
+
+
+@gluon.jit
+def _ws_consumer_persistent(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
+                            k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, block_bar, seqlen_q,
+                            seqlen_k, num_heads, group_size, num_blocks, qk_scale, HEAD_DIM: gl.constexpr,
+                            CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr):
+    """A consumer warpgroup of a persistent program: the same blocks as its producer, the rings' laps, the turns and the
+    per-block barriers' parity carried on; O out through its first P slot, the store left running into the next block."""
+    block_m: gl.constexpr = q_smem.shape[0] * q_smem.shape[3]
+    ring = gl.to_tensor(0)
+    j = gl.to_tensor(0)
+    redos = gl.to_tensor(0)
+    for block in range(gl.program_id(0), num_blocks, gl.num_programs(0)):
+        off_z, off_h, off_hkv, off_zh, first_pos, end, full_end, online_lo, n_online, n_loads = _ws_block(
+            block, seqlen_q, seqlen_k, num_heads, group_size, block_m, BLOCK_N, CAUSAL)
+        redos = _ws_consume_block(me, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, k_empty,
+                                  v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z, off_h, off_hkv, off_zh, first_pos,
+                                  seqlen_q, seqlen_k, qk_scale, n_online, online_lo, n_loads, full_end, end, ring, j & 1,
+                                  redos, p_smem.index(me * 2), block_bar, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX, True)
+        ring += n_loads
+        j += 1
     tma.store_wait(0)
 
 
@@ -570,23 +670,13 @@ def _ws_consumer(me: gl.constexpr, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, 
 def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  PINGPONG: gl.constexpr, FIXED_MAX: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                 CONSUMERS: gl.constexpr = 2):
+                 CONSUMERS: gl.constexpr = 2, PERSISTENT: gl.constexpr = False):
     dtype: gl.constexpr = q_desc.dtype
     rows: gl.constexpr = q_desc.block_type.shape[2]
     block_m: gl.constexpr = CONSUMERS * rows
     gl.static_assert(STAGES >= CONSUMERS, "a redo loads into ring slot `me`: one slot per consumer")
-    pid = gl.program_id(0)
-    num_m_blocks = gl.cdiv(seqlen_q, block_m)
-    start_m = pid % num_m_blocks
-    if CAUSAL: start_m = num_m_blocks - 1 - start_m     # the blocks that see the most keys start first
-    off_zh = pid // num_m_blocks
-    off_z = off_zh // num_heads
-    off_h = off_zh % num_heads
-    off_hkv = off_h // group_size
-    # The tiles of the whole 128-row block, in the shipped kernel's order: the masked run first, then key 0 onwards
-    first_pos = start_m * block_m
-    end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, block_m, BLOCK_N, CAUSAL)
-    n_loads = n_online + n_fixed
+    off_z, off_h, off_hkv, off_zh, first_pos, end, full_end, online_lo, n_online, n_loads = _ws_block(
+        gl.program_id(0), seqlen_q, seqlen_k, num_heads, group_size, block_m, BLOCK_N, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 1, 1, rows, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -612,8 +702,25 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
     # (the argument tuples are written out in the call: a tuple assigned to a name first would turn its constexprs
-    # into tensors; so is each partition list, one per number of consumers)
-    if CONSUMERS == 2:
+    # into tensors; so is each partition list, one per number of consumers, and the persistent program's)
+    if PERSISTENT:
+        gl.static_assert(CONSUMERS == 2 and HEAD_DIM == BLOCK_N, "persistent: two consumers, O through a P slot of its size")
+        block_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(block_bar, count=CONSUMERS)
+        num_blocks = gl.cdiv(seqlen_q, block_m) * q_desc.shape[0] * num_heads
+        gl.warp_specialize([(_ws_consumer_persistent, (0, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem,
+                                                      q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar,
+                                                      redo_bars, block_bar, seqlen_q, seqlen_k, num_heads, group_size,
+                                                      num_blocks, qk_scale, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX)),
+                            (_ws_consumer_persistent, (1, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem,
+                                                      q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar,
+                                                      redo_bars, block_bar, seqlen_q, seqlen_k, num_heads, group_size,
+                                                      num_blocks, qk_scale, HEAD_DIM, CAUSAL, BLOCK_N, PINGPONG, FIXED_MAX)),
+                            (_ws_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                                                      k_empty, v_ready, v_empty, block_bar, seqlen_q, seqlen_k, num_heads,
+                                                      group_size, num_blocks, BLOCK_N, CAUSAL))],
+                           [4, 1], [CONSUMER_REGS, 24])
+    elif CONSUMERS == 2:
         gl.warp_specialize([(_ws_consumer, (0, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
                                            k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, off_z,
                                            off_h, off_hkv, off_zh, first_pos, seqlen_q, seqlen_k, qk_scale, n_online,
@@ -626,7 +733,7 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
                                            FIXED_MAX)),
                             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                                            v_ready, v_empty, off_z, off_h, off_hkv, first_pos, n_online, online_lo,
-                                           n_loads, BLOCK_N))],
+                                           n_loads, 0, BLOCK_N))],
                            [4, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([(_ws_consumer, (0, o_desc, k_desc, v_desc, LSE, q_smem, k_smem, v_smem, p_smem, q_bars,
@@ -646,7 +753,7 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
                                            FIXED_MAX)),
                             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty,
                                            v_ready, v_empty, off_z, off_h, off_hkv, first_pos, n_online, online_lo,
-                                           n_loads, BLOCK_N))],
+                                           n_loads, 0, BLOCK_N))],
                            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 # Registers per consumer thread, by the number of consumers; the producer keeps 24 (a warpgroup's worth is reserved for
