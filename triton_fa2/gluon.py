@@ -347,11 +347,8 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:GluonConfig) ->
                      num_warps=config.num_warps, CONSUMERS=consumers, PERSISTENT=config.PERSISTENT, maxnreg=_ws_maxnreg(regs, consumers))
     else: named.update(**config.kwargs, num_warps=config.num_warps)
     blocks = triton.cdiv(Lq, config.BLOCK_M) * B * Hq
-    return named, min(blocks, _num_sms(q.device)) if config.PERSISTENT and q.is_cuda else blocks   # (CPU: a compile only)
-
-@functools.lru_cache
-def _num_sms(device:torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    if config.PERSISTENT and q.is_cuda: blocks = min(blocks, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    return named, blocks                                               # (persistent on a CPU: a compile only)
 
 def launch(q, k, v, o, lse, causal:bool, scale:float, config:GluonConfig):
     """Run the kernel on (B, H, L, D) views (checked by `applies`) into o and lse (B, Hq, Lq) contiguous; returns the compiled
