@@ -87,7 +87,8 @@ def gpu_check_and_time(configs, out, commit="unknown"):
 
 TIMING_SHAPES = [(8, 32, 2048, 128, True, torch.bfloat16), (8, 32, 2048, 128, False, torch.bfloat16),
                  (8, 32, 2048, 64, True, torch.bfloat16), (8, 32, 2048, 128, True, torch.float16),
-                 (1, 32, 16384, 128, True, torch.bfloat16), (4, 32, 4096, 64, False, torch.bfloat16)]
+                 (1, 32, 16384, 128, True, torch.bfloat16), (4, 32, 4096, 64, False, torch.bfloat16),
+                 (1, 32, 16384, 64, True, torch.bfloat16)]
 
 
 def time_against_yardsticks(extra_runs, out, commit="unknown", autotuned=True):
