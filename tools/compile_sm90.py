@@ -78,6 +78,23 @@ def sass_sequence(kernel) -> str:
     return " ".join(out + [prev + (f"x{count}" if count > 1 else "")] if prev else out)
 
 
+def loop_mix(kernel) -> list:
+    """The SASS loops that hold tensor-core or exp2 instructions (a backward branch's target to the branch): their
+    address range, instruction count per thread per iteration, and the count of each opcode (its first part)."""
+    lines = [l for l in _cuobjdump(kernel.asm["cubin"], "-sass").splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", l)]
+    addr = lambda l: int(re.match(r"\s*/\*([0-9a-f]{4})\*/", l).group(1), 16)
+    opcode = lambda l: (lambda ins: (ins.split()[1] if ins.startswith("@") else ins.split()[0]).split(".")[0])(l.split("*/", 1)[1].split(";")[0].strip())
+    loops = []
+    for l in lines:
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", l)
+        if target and int(target.group(1), 16) < addr(l):
+            body = [opcode(x) for x in lines if int(target.group(1), 16) <= addr(x) <= addr(l)]
+            mix = {op: body.count(op) for op in sorted(set(body), key=lambda op: -body.count(op))}
+            if "HGMMA" in mix or "MUFU" in mix:
+                loops.append(dict(start=hex(int(target.group(1), 16)), end=hex(addr(l)), instructions=len(body), mix=mix))
+    return loops
+
+
 def summary(kernel) -> str:
     r = resources(kernel)
     return (f"regs {r.pop('regs')}, stack {r.pop('stack_bytes')} B, shared {r.pop('shared_kib')} KiB, SASS {r}")
@@ -91,6 +108,7 @@ if __name__ == "__main__":
     ap.add_argument("--causal", action="store_true"); ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--ttgir", action="store_true", help="print the TTGIR of the last config")
     ap.add_argument("--sequence", action="store_true", help="print the condensed SASS (wgmma, waits, exp2, TMA, branches)")
+    ap.add_argument("--loops", action="store_true", help="print the instruction mix of each loop with wgmma or exp2")
     ap.add_argument("--csv", help="append one row per config to this CSV (with Triton's version, the commit and the date)")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
@@ -112,5 +130,7 @@ if __name__ == "__main__":
                     w.writerow(row)
             if a.ttgir: print(kernel.asm["ttgir"])
             if a.sequence: print(sass_sequence(kernel))
+            if a.loops:
+                for loop in loop_mix(kernel): print(loop)
         except Exception as e:
             print(config, path, "FAILED:", "".join(traceback.format_exception_only(e))[-3000:], flush=True)
