@@ -59,15 +59,22 @@ def resources(kernel) -> dict:
                    for op in ("HGMMA", "HMMA", "UTMALDG", "LDGSTS", "LDG", "MUFU.EX2", "WARPGROUP.DEPBAR")})
 
 
+def sass_instructions(kernel) -> list:
+    "(address, instruction, opcode) of each SASS instruction; the opcode skips a leading predicate."
+    found = []
+    for line in _cuobjdump(kernel.asm["cubin"], "-sass").splitlines():
+        if m := re.match(r"\s*/\*([0-9a-f]{4})\*/", line):
+            ins = line.split("*/", 1)[1].split(";")[0].strip()
+            found.append((int(m.group(1), 16), ins, ins.split()[1] if ins.startswith("@") else ins.split()[0]))
+    return found
+
+
 def sass_sequence(kernel) -> str:
     "The SASS condensed to what shows overlap: wgmma (HGMMA; 'last' ends a group), its waits, exp2, TMA loads, branches."
     names = {"HGMMA": "HGMMA", "WARPGROUP": None, "MUFU.EX2": "EX2", "UTMALDG": "TMA", "SYNCS": "SYNCS", "FMNMX": "MAX",
              "LDL": "LDL", "STL": "STL"}
     out, prev, count = [], None, 0
-    for line in _cuobjdump(kernel.asm["cubin"], "-sass").splitlines():
-        if not re.match(r"\s*/\*[0-9a-f]{4}\*/", line): continue
-        ins = line.split("*/", 1)[1].split(";")[0].strip()
-        op = ins.split()[1] if ins.startswith("@") else ins.split()[0]
+    for _, ins, op in sass_instructions(kernel):
         key = next((op if short is None else short for name, short in names.items() if op.startswith(name)), None)
         if op == "BRA": key = "BRA " + ins.split()[-1]
         if key == "HGMMA" and "gsb0" in ins: key = "HGMMA last"
@@ -81,17 +88,14 @@ def sass_sequence(kernel) -> str:
 def loop_mix(kernel) -> list:
     """The SASS loops that hold tensor-core or exp2 instructions (a backward branch's target to the branch): their
     address range, instruction count per thread per iteration, and the count of each opcode (its first part)."""
-    lines = [l for l in _cuobjdump(kernel.asm["cubin"], "-sass").splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", l)]
-    addr = lambda l: int(re.match(r"\s*/\*([0-9a-f]{4})\*/", l).group(1), 16)
-    opcode = lambda l: (lambda ins: (ins.split()[1] if ins.startswith("@") else ins.split()[0]).split(".")[0])(l.split("*/", 1)[1].split(";")[0].strip())
-    loops = []
-    for l in lines:
-        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", l)
-        if target and int(target.group(1), 16) < addr(l):
-            body = [opcode(x) for x in lines if int(target.group(1), 16) <= addr(x) <= addr(l)]
-            mix = {op: body.count(op) for op in sorted(set(body), key=lambda op: -body.count(op))}
+    sass, loops = sass_instructions(kernel), []
+    for addr, ins, op in sass:
+        target = re.search(r"0x([0-9a-f]+)", ins) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            body = [o.split(".")[0] for a, _, o in sass if int(target.group(1), 16) <= a <= addr]
+            mix = {o: body.count(o) for o in sorted(set(body), key=lambda o: -body.count(o))}
             if "HGMMA" in mix or "MUFU" in mix:
-                loops.append(dict(start=hex(int(target.group(1), 16)), end=hex(addr(l)), instructions=len(body), mix=mix))
+                loops.append(dict(start=target.group(0), end=hex(addr), instructions=len(body), mix=mix))
     return loops
 
 
