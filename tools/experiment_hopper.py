@@ -27,7 +27,8 @@ GPU = torch.cuda.is_available()      # without one: a smoke test of this script 
 
 SHAPES = [  # (B, H, N, D, causal, dtype): the money shot, its non-causal twin, a long causal one, head dim 64, fp16
     (8, 32, 2048, 128, True, "bf16"), (8, 32, 2048, 128, False, "bf16"), (1, 32, 16384, 128, True, "bf16"),
-    (8, 32, 2048, 64, True, "bf16"), (8, 32, 2048, 128, True, "fp16"), (8, 32, 512, 128, False, "bf16")]  # … short rows
+    (8, 32, 2048, 64, True, "bf16"), (8, 32, 2048, 128, True, "fp16"), (8, 32, 512, 128, False, "bf16"),  # … short rows
+    (4, 32, 4096, 64, False, "bf16"), (1, 32, 16384, 64, True, "bf16")]                                      # D = 64's long rows
 PATHS = [{"use_tma": True, "fixed_max": True}, {"use_tma": False, "fixed_max": True}]   # tensor descriptors, pointers
 
 
@@ -193,7 +194,8 @@ def name_of(variant):
 
 EXTRA = [(128, 64, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 64, 4, 4), (128, 64, 8, 4), (64, 64, 4, 4),
          (128, 32, 4, 4), (64, 64, 4, 2),    # beyond the autotuner's candidates; then, for two or three programs per SM:
-         (128, 64, 8, 2, 128), (128, 128, 8, 2, 128), (128, 32, 8, 3), (128, 32, 8, 4), (64, 32, 4, 3), (64, 32, 4, 4)]
+         (128, 64, 8, 2, 128), (128, 128, 8, 2, 128), (128, 32, 8, 3), (128, 32, 8, 4), (64, 32, 4, 3), (64, 32, 4, 4),
+         (128, 64, 4, 3, 168), (128, 64, 4, 2, 168)]   # D = 64: three 4-warp programs per SM (3 × 128 × 168 ≤ 64 K)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
