@@ -5,7 +5,7 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-CONFIGS="128x64 w4 s3,128x64 w4 s2,128x64 w4 s3 r168,128x64 w4 s2 r168,128x32 w4 s3"
+CONFIGS=${CONFIGS:-"128x64 w4 s3,128x64 w4 s2,128x64 w4 s3 r168,128x64 w4 s2 r168,128x32 w4 s3"}
 timeout 400 python3 tools/experiment_hopper.py --out $OUT/d64_three_programs_${SHA:?}.csv --seconds 330 --commit $SHA \
   --workers 15 --paths descriptors --shapes 3,6,7 --configs "$CONFIGS" 2>&1 | grep -v Warn | tee $OUT/d64_three_programs.log
 python3 - "$OUT/d64_three_programs_$SHA.csv" <<'PY'
