@@ -3,6 +3,10 @@
 Caches hold NaN past each sequence's length, as a server's may: anything read from there would poison the result.
 Under the interpreter the decode tile is 16 keys and the heuristic assumes 8 SMs, so small caches split for real.
 """
+import math
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -210,6 +214,55 @@ def test_merge_attention_states_bad_inputs():
     with pytest.raises(ValueError, match="one shape"): merge_attention_states(o, lse, o[:1], lse)
     with pytest.raises(ValueError, match="shape of o without its last dim"): merge_attention_states(o, lse, o, lse[:1])
     with pytest.raises(TypeError, match="lse_b must be a floating-point"): merge_attention_states(o, lse, o, lse.long())
+
+
+def test_merge_attention_states_refuses_inf_and_nan_lse():
+    "An lse of +inf or NaN would make the merge NaN: refused, naming the input, what it holds, and the convention (-inf)."
+    o, lse = randn(2, 3, 16).float(), torch.zeros(2, 3, device=DEVICE)
+    bad = lse.clone(); bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=re.escape("lse_b must be finite or -inf (-inf marks a row that saw none of its part's keys), "
+                                                   "got +inf at 1 of its 6 rows, the first at index (1, 2)")):
+        merge_attention_states(o, lse, o, bad)
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=re.escape("lse_a must be finite or -inf")) as e: merge_attention_states(o, bad, o, lse)
+    assert "+inf at 1 and NaN at 1 of its 6 rows, the first at index (0, 0)" in str(e.value)
+    empty = torch.full_like(lse, float("-inf"))                      # -inf is an empty part, not an error
+    o_m, lse_m = merge_attention_states(o, lse, o * float("nan"), empty)
+    assert torch.equal(o_m, o) and torch.equal(lse_m, lse)
+
+
+def test_merge_attention_states_checks_values_only_outside_tracing():
+    "Under torch.compile the value check is skipped (a traced graph cannot branch on values): one graph, no break."
+    o1, o2 = randn(2, 5, 16).float(), randn(2, 5, 16).float()
+    l1, l2 = torch.randn(2, 5, device=DEVICE), torch.randn(2, 5, device=DEVICE)
+    explanation = torch._dynamo.explain(merge_attention_states)(o1, l1, o2, l2)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(merge_attention_states, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(o1, l1, o2, l2), merge_attention_states(o1, l1, o2, l2)): torch.testing.assert_close(got, want)
+
+
+def test_merge_attention_states_dims():
+    "A 0-D tensor is refused with what o must be; one row, o of shape (D,) and lse of shape (), merges."
+    o, lse = randn(2, 3, 16).float(), torch.zeros(2, 3, device=DEVICE)
+    with pytest.raises(ValueError, match=re.escape("o_a must be a tensor of at least 1 dim, (..., L, D) with the head dim last, got a 0-D tensor")):
+        merge_attention_states(o.sum(), lse.sum(), o, lse)
+    with pytest.raises(ValueError, match="o_b must be a tensor of at least 1 dim"):
+        merge_attention_states(o, lse, o.sum(), lse.sum())
+    o_row, lse_row = merge_attention_states(o[0, 0], lse[0, 0], o[1, 0], lse[1, 0])
+    torch.testing.assert_close(o_row, (o[0, 0] + o[1, 0]) / 2); torch.testing.assert_close(lse_row, torch.tensor(math.log(2), device=DEVICE))
+
+
+def test_decode_causal_heads_and_layout():
+    "causal: a NumPy bool is converted, other types named; no KV head refused; flash-attn's (B, L, H, D) cache named."
+    q, k = randn(2, 4, 3, 32), randn(2, 2, 30, 32)
+    assert torch.equal(decode(q, k, k, causal=np.True_), decode(q, k, k, causal=True))
+    assert torch.equal(decode(q, k, k, causal=np.False_), decode(q, k, k, causal=False))
+    with pytest.raises(TypeError, match="causal must be a bool, got numpy.int64"): decode(q, k, k, causal=np.int64(1))
+    with pytest.raises(ValueError, match="k and v have 0 heads, got Hq=0 and Hkv=0"): decode(q[:, :0], k[:, :0], k[:, :0])
+    with pytest.raises(ValueError, match=re.escape("If these are flash-attn's (B, L, H, D) tensors (q (2, 3, 4, 32), k_cache (2, 30, 2, 32), "
+                                                   "v_cache (2, 30, 2, 32)): decode takes (B, H, L, D); pass q.transpose(1, 2), "
+                                                   "k_cache.transpose(1, 2), v_cache.transpose(1, 2)")):
+        decode(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2))
 
 
 @pytest.mark.gpu

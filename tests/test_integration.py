@@ -1,5 +1,6 @@
 """PyTorch integration: the custom operators pass opcheck and compile without graph breaks; the transformers backend
 matches SDPA on a tiny Llama built from a config (logits, greedy generation, padding) and refuses what it cannot do."""
+import re
 import subprocess
 import sys
 
@@ -96,6 +97,24 @@ def test_padding_and_refusals():
     out, weights = hf.attention_forward(attn, q, k, k, torch.tensor([[1, 1, 1, 0, 0]], device=DEVICE), is_causal=False)
     ref = triton_fa2.attention(q, k[:, :, :3], k[:, :, :3]).transpose(1, 2)
     assert weights is None and out.shape == (1, 5, 4, 32) and (out.float() - ref.float()).abs().max().item() < 2e-3
+
+
+def test_float32_model_is_told_how_to_load():
+    "transformers builds a model from a config in float32: the error says to load it in bf16 or fp16, not which q/k/v dtypes."
+    hf.register()
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, attn_implementation="triton_fa2")
+    model = transformers.LlamaForCausalLM(config).to(DEVICE).eval()
+    assert next(model.parameters()).dtype == torch.float32
+    message = ("triton_fa2 runs fp16 and bf16 attention, got a torch.float32 model; load it with dtype=torch.bfloat16 "
+               "(or torch.float16), or convert it with model.to(torch.bfloat16)")
+    with torch.no_grad(), pytest.raises(TypeError, match=re.escape(message)): model(torch.randint(0, 256, (1, 8), device=DEVICE))
+    with torch.no_grad(): assert model.to(torch.bfloat16)(torch.randint(0, 256, (1, 8), device=DEVICE)).logits.isfinite().all()
+    q, k = randn(1, 4, 5, 16).float(), randn(1, 2, 5, 16).float()
+    with pytest.raises(TypeError, match="got a torch.float64 model"): hf.attention_forward(torch.nn.Module(), q.double(), k.double(), k.double())
+    # weights in bf16 but a float32 query (a model that upcasts): the message about q, k, v dtypes is the right one
+    with pytest.raises(TypeError, match="q, k, v must all be torch.float16 or all torch.bfloat16, got q torch.float32"):
+        hf.attention_forward(model.model.layers[0].self_attn, q, k, k)
 
 
 def test_compiled_model_with_masks_and_a_cache():

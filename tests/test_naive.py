@@ -1,4 +1,6 @@
 "attention_ref against an independent expectation: SDPA in float64 with masks built another way."
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -110,6 +112,18 @@ def test_causal_mask_bottom_right():
 def test_errors(args, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(")):
         attention_ref(*args)
+
+
+def test_zero_heads():
+    "No key/value head is refused with what to pass instead; no query head over one KV head is an empty output."
+    q, kv = torch.randn(2, 0, 8, 16), torch.randn(2, 0, 8, 16)
+    with pytest.raises(ValueError, match=re.escape("k and v have 0 heads, got Hq=0 and Hkv=0; attention needs at least one "
+                                                   "key/value head: with Hq=0 any Hkv ≥ 1 gives an empty output")):
+        attention_ref(q, kv, kv)
+    with pytest.raises(ValueError, match=re.escape("got Hq=4 and Hkv=0; attention needs at least one key/value head: try Hkv in [1, 2, 4]")):
+        attention_ref(torch.randn(2, 4, 8, 16), kv, kv)
+    o, lse = attention_ref(q, torch.randn(2, 1, 8, 16), torch.randn(2, 1, 8, 16))
+    assert o.shape == (2, 0, 8, 16) and lse.shape == (2, 0, 8)
 
 
 def test_kv_lens_errors():

@@ -44,6 +44,15 @@ def padding_mask(batch_size:int, q_length:int, kv_length:int, q_offset:int=0, kv
     if not torch.compiler.is_compiling() and attention_mask.shape[1] == kv_length and bool(attention_mask.all()): return None
     return attention_mask
 
+def _check_model_dtype(module, query):
+    """A float32 (or float64) model, transformers' default when built from a config: say how to load it in fp16 or bf16.
+    Where the layer's weights are in another dtype than the query, `_check_inputs`'s message about q, k, v is the right one."""
+    if not isinstance(query, torch.Tensor) or not query.is_floating_point() or query.dtype in (torch.float16, torch.bfloat16): return
+    weight = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+    if weight is None or weight.dtype == query.dtype:
+        raise TypeError(f"triton_fa2 runs fp16 and bf16 attention, got a {query.dtype} model; load it with dtype=torch.bfloat16 "
+                        "(or torch.float16), or convert it with model.to(torch.bfloat16)")
+
 def attention_forward(module:torch.nn.Module,  # the model's attention layer (read: is_causal)
                       query:torch.Tensor,      # (B, Hq, Lq, D)
                       key:torch.Tensor,        # (B, Hkv, Lk, D), the cache included, not repeated for GQA
@@ -58,8 +67,9 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
     if dropout: raise ValueError(f"triton_fa2 has no dropout (got dropout={dropout}); call model.eval() for inference")
     for name in ("softcap", "sliding_window", "s_aux"):
         if kwargs.get(name) is not None: raise ValueError(f"triton_fa2 does not support {name} yet; use attn_implementation='sdpa' for this model")
+    _check_model_dtype(module, query)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    B, Hq, Hkv, Lq, Lk, D = _check_inputs(query, key, value, causal, scaling)
+    B, Hq, Hkv, Lq, Lk, D = _check_inputs(query, key, value, causal, scaling, fn=None)   # transformers' layout: no layout hint
     scale = D ** -0.5 if scaling is None else float(scaling)
     if attention_mask is not None:
         if attention_mask.dim() != 2:

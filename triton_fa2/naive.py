@@ -33,9 +33,13 @@ def _check_ref_inputs(q, k, v, kv_lens):
     if D != Dk: raise ValueError(f"q and k must have the same head dim, got {D} and {Dk}")
     if v.shape[1:3] != k.shape[1:3]:
         raise ValueError(f"k and v must agree in heads and length, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if Hkv == 0 or Hq % Hkv:
+    divisors = [h for h in range(1, Hq + 1) if Hq % h == 0]
+    if Hkv == 0:
+        raise ValueError(f"k and v have 0 heads, got Hq={Hq} and Hkv=0; attention needs at least one key/value head: "
+                         + (f"try Hkv in {divisors}" if Hq else "with Hq=0 any Hkv ≥ 1 gives an empty output"))
+    if Hq % Hkv:
         raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads, "
-                         f"got Hq={Hq} and Hkv={Hkv}; try Hkv in {[h for h in range(1, Hq + 1) if Hq % h == 0]}")
+                         f"got Hq={Hq} and Hkv={Hkv}; try Hkv in {divisors}")
     if kv_lens is not None:
         if not isinstance(kv_lens, torch.Tensor) or kv_lens.dtype.is_floating_point or kv_lens.dtype == torch.bool:
             raise TypeError(f"kv_lens must be an integer tensor of shape (B,), got {kv_lens!r:.80}")

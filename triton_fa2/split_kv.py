@@ -17,9 +17,10 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_inputs, _define_operator,
-                                _c_launch, _dot_in_fp32, _fast_launch_possible, _keep_plan, _kv_key_bounds, _load_rows,
-                                _max_smem, _normalize_rows, _plain_eager, _q_block_rows, _smem_bytes)
+from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_causal, _check_inputs,
+                                _define_operator, _c_launch, _dot_in_fp32, _fast_launch_possible, _keep_plan,
+                                _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _plain_eager, _q_block_rows,
+                                _smem_bytes)
 
 # %% ../nbs/06_split_kv_decode.ipynb #994421ff
 def num_splits_heuristic(programs:int,       # programs of the unsplit launch: B · Hkv · Q blocks
@@ -40,6 +41,21 @@ def num_splits_heuristic(programs:int,       # programs of the unsplit launch: B
     return next(s for s in range(1, max_splits + 1) if eligible(s) and efficiency(s) >= 0.85 * best)
 
 # %% ../nbs/06_split_kv_decode.ipynb #15e8b97d
+def _check_lse_values(**lses):
+    """ValueError where an LSE holds +inf or NaN, which would turn the merge into NaN. It reads the values (one host-device
+    sync for all of them), so it is skipped where they cannot be read: while torch.compile traces, in a CUDA-graph capture."""
+    t = next(iter(lses.values()))
+    if torch.compiler.is_compiling() or t.device.type == "meta" or (t.is_cuda and torch.cuda.is_current_stream_capturing()): return
+    bad = {name: ~(lse < float("inf")) for name, lse in lses.items()}   # True at +inf and at NaN (NaN < inf is False)
+    if not any(torch.stack([b.any() for b in bad.values()]).tolist()): return
+    for name, b in bad.items():
+        if b.any():
+            lse = lses[name]
+            found = [f"{what} at {int(n)}" for what, n in (("+inf", (lse == float("inf")).sum()), ("NaN", lse.isnan().sum())) if n]
+            raise ValueError(f"{name} must be finite or -inf (-inf marks a row that saw none of its part's keys), got "
+                             f"{' and '.join(found)} of its {lse.numel()} rows, the first at index {tuple(b.nonzero()[0].tolist())}; "
+                             "mark the rows of an empty part with -inf, and compute LSE in float32 (in fp16 it overflows past 65504)")
+
 def merge_attention_states(o_a:torch.Tensor,   # (..., L, D) attention output over one part of the keys
                            lse_a:torch.Tensor, # (..., L) its natural-log log-sum-exp (float32); −inf where the row saw nothing
                            o_b:torch.Tensor,   # (..., L, D) attention output over a disjoint part
@@ -49,11 +65,15 @@ def merge_attention_states(o_a:torch.Tensor,   # (..., L, D) attention output ov
     for name, t in dict(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b).items():
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    for name, t in dict(o_a=o_a, o_b=o_b).items():
+        if t.dim() == 0: raise ValueError(f"{name} must be a tensor of at least 1 dim, (..., L, D) with the head dim last, got a "
+                                          "0-D tensor; one row of attention output has shape (D,), and its LSE shape ()")
     if o_a.shape != o_b.shape: raise ValueError(f"o_a and o_b must have one shape, got {tuple(o_a.shape)} and {tuple(o_b.shape)}")
-    if o_a.dim() < 1 or lse_a.shape != o_a.shape[:-1] or lse_b.shape != o_a.shape[:-1]:
+    if lse_a.shape != o_a.shape[:-1] or lse_b.shape != o_a.shape[:-1]:
         raise ValueError(f"lse_a and lse_b must have the shape of o without its last dim, {tuple(o_a.shape[:-1])}, "
                          f"got {tuple(lse_a.shape)} and {tuple(lse_b.shape)}")
     if len({t.device for t in (o_a, lse_a, o_b, lse_b)}) > 1: raise ValueError("o_a, lse_a, o_b, lse_b must be on one device")
+    _check_lse_values(lse_a=lse_a, lse_b=lse_b)
     dtype = torch.promote_types(torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32)  # float32, or float64 if given
     lse_a, lse_b = lse_a.to(dtype), lse_b.to(dtype)
     m = torch.maximum(lse_a, lse_b)
@@ -306,7 +326,8 @@ def decode(q:torch.Tensor,                   # (B, Hq, Lq, D) queries of the new
            return_lse:bool=False,            # also return the log-sum-exp of each row
           ):                                 # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32)
     "Split-KV attention of a few new tokens against a KV cache (Flash-Decoding), GQA-packed, ragged-length safe, CUDA-graph friendly."
-    B, Hq, Hkv, Lq, Lmax, D = _check_inputs(q, k_cache, v_cache, causal, scale)
+    causal = _check_causal(causal)                                   # a NumPy bool becomes a Python bool
+    B, Hq, Hkv, Lq, Lmax, D = _check_inputs(q, k_cache, v_cache, causal, scale, fn="decode")
     seqlens = _check_seqlens(cache_seqlens, B, Lmax, q.device)
     num_splits = _check_num_splits(num_splits) or _choose_num_splits(B, Hkv, (Hq // Hkv) * Lq, Lmax, q.device)
     run = _decode_impl if _plain_eager(q, k_cache, v_cache, *([] if seqlens is None else [seqlens])) else _decode_op
