@@ -4,10 +4,12 @@ CPU (CI) runs the kernel through Triton's interpreter on small shapes; the same 
 Tests marked `gpu` are the seed's full matrix and the large-tensor cases: `pytest -m gpu` on a CUDA machine.
 """
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -281,6 +283,47 @@ def test_bad_inputs_in_flash_attn_layout():
     with pytest.raises(ValueError, match="k and v must agree in heads and length"): flash_attn_func(q, q, randn(1, 17, 4, 64))
 
 
+def test_causal_numpy_bools_and_type_names():
+    "Every entry point converts a NumPy bool; other types are named with their module."
+    q = randn(1, 24, 2, 32)
+    assert torch.equal(flash_attn_func(q, q, q, causal=np.True_), flash_attn_func(q, q, q, causal=True))
+    assert torch.equal(flash_attn_func(q, q, q, causal=np.False_), flash_attn_func(q, q, q, causal=False))
+    t = q.transpose(1, 2)
+    assert torch.equal(attention(t, t, t, causal=np.True_), attention(t, t, t, causal=True))
+    assert fwd.warmup(t, t, t, causal=np.True_) is not None
+    for f, t in ((flash_attn_func, q), (attention, t)):
+        with pytest.raises(TypeError, match="causal must be a bool, got numpy.int64"): f(t, t, t, causal=np.int64(1))
+        with pytest.raises(TypeError, match="causal must be a bool, got int"): f(t, t, t, causal=1)
+
+
+def test_zero_heads():
+    "No KV head is refused with what is wrong; no query head over one KV head stays an empty output (test_zero_sizes)."
+    message = re.escape("k and v have 0 heads, got Hq=0 and Hkv=0; attention needs at least one key/value head")
+    with pytest.raises(ValueError, match=message): attention(randn(1, 0, 8, 16), randn(1, 0, 8, 16), randn(1, 0, 8, 16))
+    with pytest.raises(ValueError, match=message): flash_attn_func(randn(1, 8, 0, 16), randn(1, 8, 0, 16), randn(1, 8, 0, 16))
+
+
+def test_the_other_layout_is_named_where_only_it_fits():
+    """SDPA's (B, H, L, D) tensors given to flash_attn_func, and flash-attn's given to attention: refused with the fix
+    where the head counts fit only the other layout. Where they fit both, nothing is refused (valid input must run)."""
+    q, k = randn(1, 4, 20, 32), randn(1, 2, 30, 32)                # (B, Hq, Lq, D), (B, Hkv, Lk, D)
+    with pytest.raises(ValueError, match=re.escape(
+            "got Hq=20 and Hkv=30; try Hkv in [1, 2, 4, 5, 10, 20]. If these are SDPA's (B, H, L, D) tensors (q (1, 4, 20, 32), "
+            "k (1, 2, 30, 32), v (1, 2, 30, 32)): flash_attn_func takes (B, L, H, D); pass q.transpose(1, 2), k.transpose(1, 2), "
+            "v.transpose(1, 2), or call triton_fa2.attention")):
+        flash_attn_func(q, k, k)
+    with pytest.raises(ValueError, match=re.escape("If these are flash-attn's (B, L, H, D) tensors (q (1, 20, 4, 32)")):
+        attention(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2))
+    with pytest.raises(ValueError, match="k and v must agree in heads and length") as e:   # other errors: no hint
+        flash_attn_func(randn(1, 16, 4, 64), randn(1, 16, 3, 64), randn(1, 17, 3, 64))
+    assert "If these are" not in str(e.value)
+    with pytest.raises(ValueError, match="got Hq=4 and Hkv=3") as e:   # swapped, 16 % 24 ≠ 0: wrong either way, no hint
+        attention(randn(1, 4, 16, 64), randn(1, 3, 24, 64), randn(1, 3, 24, 64))
+    assert "If these are" not in str(e.value)
+    same = randn(1, 6, 6, 32)                                       # fits both layouts: runs, as flash-attn's layout
+    assert torch.equal(flash_attn_func(same, same, same), attention(*(same.transpose(1, 2),) * 3).transpose(1, 2))
+
+
 def test_inputs_that_need_grad_are_refused():
     "A forward-only kernel must not silently drop gradients; under no_grad it runs."
     q = randn(1, 2, 8, 16).requires_grad_()
@@ -292,18 +335,6 @@ def test_tensors_on_two_devices_are_refused():
     q = randn(1, 2, 8, 16)
     other = torch.device("meta")
     with pytest.raises(ValueError, match="must be on one device"): attention(q, q.to(other), q)
-
-
-def test_numpy_too_new_for_the_interpreter(monkeypatch):
-    "Triton 3.6's interpreter fails on NumPy 2.4 (triton#9171): a clear error, not a crash deep in the interpreter."
-    monkeypatch.setattr(fwd, "interpreting", lambda: True)
-    interpreted = type("InterpretedFunction", (), {})()        # on a GPU machine Triton's own helpers are not
-    monkeypatch.setattr(fwd, "tl", type("tl", (), dict(cdiv=interpreted)))
-    monkeypatch.setattr(fwd.np, "__version__", "2.4.0")
-    monkeypatch.setattr(fwd.triton, "__version__", "3.6.0")
-    with pytest.raises(RuntimeError, match="numpy<2.4"): fwd._check_interpreter()
-    monkeypatch.setattr(fwd.np, "__version__", "2.3.5")
-    fwd._check_interpreter()
 
 
 def test_triton_imported_first_without_a_gpu(tmp_path):

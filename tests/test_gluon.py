@@ -59,9 +59,11 @@ THREE_CONSUMERS = GluonConfig(192, 64, 3, 4, P_SMEM=True, WARP_SPECIALIZE=True, 
 def test_the_ws_kernel_compiles_at_d64_too():
     """The ws candidate is not timed at D = 64 (run 23: slower than the pick), but a test or a user may pass it as
     `config`: it must compile cleanly there; so must the three-consumer variant (192 rows, 160 registers each) meant for D = 64."""
+    from triton_fa2.runtime import triton_release
     ws = next(c for c in CANDIDATES if c.WARP_SPECIALIZE)
     two, three = sm90_reports([ws, THREE_CONSUMERS], 64, True, torch.float16)
     assert two["stack_bytes"] == 0 and two["hazards"] == 0 and two["waits_leaving_one"] == 4, two
+    if triton_release() != (3, 6): return   # the variant never ships: held to what the release the GPU runs compiles
     assert three["stack_bytes"] == 0 and three["hazards"] == 0 and three["waits_leaving_one"] == 6, three   # two per consumer
     assert three["registers"] == 126 and three["setmaxnreg"] > two["setmaxnreg"] and three["shared_kib"] <= 227, three
 
@@ -115,6 +117,71 @@ def test_the_dispatch_runs_a_gluon_pick_and_refuses_it_where_it_cannot_run(monke
     monkeypatch.setattr(fwd.torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     assert fwd._attention_forward(q, k, v, o, lse, True, 0.125, config=config) is config and launched == [config]
 
+
+
+def test_a_gluon_pick_that_fails_falls_back_to_the_tl_kernel_once(monkeypatch):
+    "The autotuner's Gluon pick failing at run time: one warning, the `tl` kernel's result, never an error in the call."
+    import warnings
+    q, k, v = (randn(1, 2, 40, 64) for _ in range(3))
+    o, lse = torch.full_like(q, float("nan")), torch.empty(1, 2, 40, device=q.device)
+    before = set(fwd._TUNED)
+    fwd._attention_forward(q, k, v, o, lse, True, 0.125)                  # tunes: the `tl` kernel's pick for this key
+    key = (set(fwd._TUNED) - before or {next(k_ for k_ in fwd._TUNED if k_[0] == 64 and k_[1])}).pop()
+    monkeypatch.setitem(fwd._TUNED, key, GluonConfig())                   # as if the Gluon kernel had won the tuning
+    monkeypatch.setattr(gluon, "_DISABLED", [])
+    monkeypatch.setattr(gluon, "applies", lambda *args: not gluon._DISABLED)
+    def broken(*args): raise RuntimeError("a Gluon API this code does not know")
+    monkeypatch.setattr(gluon, "launch", broken)
+    monkeypatch.setattr(fwd.torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            o.fill_(float("nan"))
+            config = fwd._attention_forward(q, k, v, o, lse, True, 0.125)
+            assert not isinstance(config, GluonConfig) and fwd._TUNED[key] is config
+            o_ref, _ = attention_ref(q.double(), k.double(), v.double(), causal=True, scale=0.125)
+            assert all(e <= t for e, t in zip(errors(o, o_ref), TOL[q.dtype]))
+    messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
+    assert len(messages) == 1 and "gluon 64x64 w4 s2 failed (RuntimeError" in messages[0] and "`tl` kernel runs instead" in messages[0]
+    with pytest.raises(RuntimeError, match="does not know"):                # a config given explicitly (tests) still raises
+        monkeypatch.setattr(gluon, "applies", lambda *args: True)
+        fwd._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig())
+
+
+def test_the_gluon_kernels_run_only_on_the_releases_they_were_tested_on(monkeypatch):
+    "On sm_90 with another Triton release, `applies` says no and warns once, naming both releases."
+    import warnings
+    from triton_fa2.runtime import triton_release
+    q = type("Q", (), dict(is_cuda=True, dtype=torch.bfloat16, device=None))()   # a call as an H200 sees it
+    monkeypatch.setattr(gluon, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(gluon, "interpreting", lambda: False)
+    monkeypatch.setattr(gluon, "_DISABLED", [])
+    monkeypatch.delenv("TRITON_FA2_NO_GLUON", raising=False)
+    monkeypatch.setattr(gluon, "GLUON_RELEASES", (triton_release(),))
+    assert applies(q, 128, True, False, True) and not applies(q, 96, True, False, True)
+    monkeypatch.setattr(gluon, "GLUON_RELEASES", ((3, 6), (3, 0)))
+    if triton_release() not in gluon.GLUON_RELEASES:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert not applies(q, 128, True, False, True) and not applies(q, 64, True, False, True)
+        assert len(caught) == 1 and "enabled on Triton 3.6, 3.0" in str(caught[0].message)
+    monkeypatch.setattr(gluon, "_DISABLED", [])
+    monkeypatch.setenv("TRITON_FA2_NO_GLUON", "1")                        # the user's switch: off, and silent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not applies(q, 128, True, False, True)
+
+
+def test_gluon_that_cannot_be_loaded_is_said_once_on_sm90(monkeypatch):
+    import warnings
+    q = type("Q", (), dict(is_cuda=True, dtype=torch.bfloat16, device=None))()
+    monkeypatch.setattr(fwd, "_gluon", None)
+    monkeypatch.setattr(fwd, "_GLUON_MISSING", ["the Gluon kernels for sm_90 could not be loaded (ImportError: x)"])
+    monkeypatch.setattr(fwd, "_capability", lambda device: (9, 0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not fwd._gluon_applies(q, 128, True, False, True) and not fwd._gluon_applies(q, 128, True, False, True)
+    assert len(caught) == 1 and "could not be loaded (ImportError: x)" in str(caught[0].message)
 
 def check_gluon(q, k, v, causal, config, scale=None):
     "`check_path` with a Gluon config: poisoned outputs in flash-attn's strided layout, o and lse against float64."

@@ -1,39 +1,40 @@
 """Compile our kernels for a Hopper GPU (sm_90) on a machine without one: the compiler's errors, registers, spills and
 shared memory of any config, through descriptors or pointers, in seconds and without device time. Nothing runs; timing still needs the H200.
 
+    python tools/compile_sm90.py --all [--workers 2]     # every kernel and config the package ships; exit 1 on a spill or an error
     python tools/compile_sm90.py --config "128,64,4,2;64,64,4,3" [--pointers] [--causal] [--fp16] [--shape B,H,N,D] [--ttgir]
 
 Arguments are built as `_attention_forward` builds them (CPU tensors stand in for GPU ones: same dtypes, strides and
 16-byte alignment), so the specialisation is the one the GPU compiles."""
 import os
 os.environ["TRITON_INTERPRET"] = "0"          # compile, do not interpret (triton_fa2 would choose the interpreter)
-import argparse, csv, datetime, re, traceback
+import argparse, concurrent.futures, contextlib, csv, datetime, re, sys, traceback
 import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import CUDABackend
-from triton.compiler.compiler import ASTSource
-from triton.runtime.jit import create_function_from_signature
 import triton_fa2.forward as fwd
-from triton_fa2.gluon import _cuobjdump   # cuobjdump shipped with Triton, on a cubin
+import triton_fa2.split_kv as split_kv
+from triton_fa2 import gluon
+from triton_fa2.runtime import compile_for_gpu, cuobjdump, resource_usage
 
-TARGET = GPUTarget("cuda", 90, 32)
-
-
-def compile_launch(jitfn, args, kwargs, target=TARGET):
-    "What `jitfn[grid](*args, **kwargs)` would compile on `target`: the CompiledKernel (raises the compiler's error)."
-    backend = CUDABackend(target)
-    binder = create_function_from_signature(jitfn.signature, jitfn.params, backend)
-    bound_args, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = jitfn._pack_args(backend, kwargs, bound_args, specialization, options)
-    return triton.compile(ASTSource(jitfn, signature, constexprs, attrs), target=target, options=options.__dict__)
+H200_SMEM = 232448   # bytes of shared memory a block may use on sm_90
 
 
 class _Offline:
-    "Stands in for `_attn_fwd` inside `_attention_forward`: records the compiled kernel instead of launching it."
-    def __init__(self, jitfn): self.jitfn, self.compiled = jitfn, None
+    "Stands in for a kernel inside the package's launch code: compiles for sm_90 instead of launching."
+    def __init__(self, jitfn): self.jitfn, self.compiled = jitfn, []
     def __getitem__(self, grid):
-        def launch(*args, **kwargs): self.compiled = compile_launch(self.jitfn, args, kwargs)
+        def launch(*args, **kwargs): self.compiled.append(compile_for_gpu(self.jitfn, *args, **kwargs))
         return launch
+
+
+@contextlib.contextmanager
+def offline(module, *names):
+    "Within the block, `module`'s kernels `names` compile for sm_90 when launched; yields their recorders."
+    real = [getattr(module, n) for n in names]
+    stand_ins = [_Offline(k) for k in real]
+    for n, s in zip(names, stand_ins): setattr(module, n, s)
+    try: yield stand_ins
+    finally:
+        for n, k in zip(names, real): setattr(module, n, k)
 
 
 def compile_forward(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(128, 64, 8, 3), use_tma=True):
@@ -42,19 +43,92 @@ def compile_forward(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16,
     o, lse = torch.empty_like(q), torch.empty(B, H, N)
     m, n, w, s = config
     cfg = triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, pre_hook=fwd._set_descriptor_blocks)
-    offline, real = _Offline(fwd._attn_fwd), fwd._attn_fwd
-    fwd._attn_fwd = offline
-    try: fwd._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=cfg, pack_gqa=False, use_tma=use_tma)
-    finally: fwd._attn_fwd = real
-    return offline.compiled
+    with offline(fwd, "_attn_fwd") as (kernel,):
+        fwd._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=cfg, pack_gqa=False, use_tma=use_tma)
+    return kernel.compiled[0]
+
+
+def compile_packed(B=2, Hq=32, Hkv=8, N=64, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3)):
+    "Compile `_attn_fwd` on its pointer path, the query heads of a KV head packed into one block (GQA with few rows)."
+    q, k, v = torch.empty(B, Hq, N, D, dtype=dtype), torch.empty(B, Hkv, N, D, dtype=dtype), torch.empty(B, Hkv, N, D, dtype=dtype)
+    m, n, w, s = config
+    cfg = triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, pre_hook=fwd._set_descriptor_blocks)
+    with offline(fwd, "_attn_fwd") as (kernel,):
+        fwd._attention_forward(q, k, v, torch.empty_like(q), torch.empty(B, Hq, N), causal, D ** -0.5, config=cfg,
+                               pack_gqa=True, use_tma=False)
+    return kernel.compiled[0]
+
+
+def compile_decode(B=4, Hq=32, Hkv=8, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4):
+    "Compile the split-KV decode kernel (one query per sequence, ragged lengths) and the combine of its splits."
+    q = torch.empty(B, Hq, 1, D, dtype=dtype)
+    k_cache, v_cache = (torch.empty(B, Hkv, Lmax, D, dtype=dtype) for _ in range(2))
+    n, w, s = config
+    with offline(split_kv, "_decode_fwd", "_combine_splits") as (split, combine):
+        split_kv._decode_forward(q, k_cache, v_cache, torch.full((B,), Lmax, dtype=torch.int32), torch.empty_like(q),
+                                 torch.empty(B, Hq, 1), True, D ** -0.5, num_splits,
+                                 config=triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s))
+    return split.compiled[0], combine.compiled[0]
+
+
+def shipped():
+    """Every (kernel, config, head dim, path) the package can launch on sm_90, as (name, thunk) pairs. Prefill: every
+    candidate at the tuned head dims, the any-head-dim ones at 32, 96 and 256, each through descriptors and packed through
+    pointers, where it fits the H200's shared memory; decode: every candidate at D 64 and 128, and the combine; Gluon:
+    every candidate at each of its head dims."""
+    jobs = []
+    for D in (*fwd.TUNED_HEAD_DIMS, 32, 96, 256):
+        block_d = max(triton.next_power_of_2(D), 16)
+        for config in fwd._CANDIDATES:
+            cfg = triton.Config(dict(BLOCK_M=config[0], BLOCK_N=config[1]), num_warps=config[2], num_stages=config[3])
+            if D not in fwd.TUNED_HEAD_DIMS and config not in fwd._ANY_HEAD_DIM: continue
+            label = "{}x{} w{} s{}".format(*config)
+            if fwd._fits(cfg, block_d, H200_SMEM): jobs.append((f"prefill {label} D={D} descriptors", ("forward", D, config)))
+            if fwd._fits(cfg, block_d, H200_SMEM, pointers=True):
+                jobs.append((f"prefill {label} D={D} packed pointers", ("packed", D, config)))
+    for D in (64, 128):
+        for config in split_kv._DECODE_CANDIDATES:
+            jobs.append((f"decode BLOCK_N={config[0]} w{config[1]} s{config[2]} D={D} + combine", ("decode", D, config)))
+    for config in gluon.CANDIDATES:
+        for D in config.head_dims: jobs.append((f"{config.label} D={D}", ("gluon", D, config)))
+    return jobs
+
+
+def compile_job(job) -> list:
+    "Compile one job of `shipped()`: [(kernel, resources)] for each kernel it launches."
+    kind, D, config = job
+    if kind == "forward": return [("_attn_fwd", resource_usage(compile_forward(D=D, config=config)))]
+    if kind == "packed": return [("_attn_fwd", resource_usage(compile_packed(D=D, config=config)))]
+    if kind == "decode": return [(n, resource_usage(k)) for n, k in zip(("_decode_fwd", "_combine_splits"), compile_decode(D=D, config=config))]
+    return [(config.label, resource_usage(gluon._compile_sm90(config, D=D)))]
+
+
+def _try(job):
+    try: return compile_job(job), None
+    except Exception as e: return None, "".join(traceback.format_exception_only(e))[-1500:]
+
+
+def check_all(workers:int=2) -> int:
+    "Compile everything `shipped()` lists for sm_90; print one line each; the number of spills and failures."
+    jobs = shipped()
+    print(f"Triton {triton.__version__}, torch {torch.__version__}: {len(jobs)} launches compiled for sm_90", flush=True)
+    bad = 0
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+        for (name, _), (done, error) in zip(jobs, pool.map(_try, [j for _, j in jobs])):
+            if error: bad += 1; print(f"FAILED  {name}: {error}", flush=True); continue
+            for kernel, r in done:
+                spilled = bool(r["stack_bytes"])
+                bad += spilled
+                print(f"{'SPILLS' if spilled else 'ok':<7} {name}: {kernel} {r['registers']} registers, "
+                      f"{r['stack_bytes']} B stack, {r['shared_kib']} KiB shared", flush=True)
+    print(f"{bad} of {len(jobs)} launches spill or fail to compile" if bad else f"all {len(jobs)} compile without spills")
+    return bad
 
 
 def resources(kernel) -> dict:
     "Registers, spilled bytes (stack) and shared memory from the cubin; tensor-core, TMA, load and wait counts in the SASS."
-    usage = _cuobjdump(kernel.asm["cubin"], "-res-usage")
-    sass = _cuobjdump(kernel.asm["cubin"], "-sass")
-    found = lambda pattern: int(m.group(1)) if (m := re.search(pattern, usage)) else None
-    return dict(regs=found(r"REG:(\d+)"), stack_bytes=found(r"STACK:(\d+)"), shared_kib=kernel.metadata.shared // 1024,
+    usage, sass = resource_usage(kernel), cuobjdump(kernel)
+    return dict(regs=usage["registers"], stack_bytes=usage["stack_bytes"], shared_kib=usage["shared_kib"],
                 **{op: len(re.findall(rf"\b{re.escape(op)}\b", sass))
                    for op in ("HGMMA", "HMMA", "UTMALDG", "LDGSTS", "LDG", "MUFU.EX2", "WARPGROUP.DEPBAR")})
 
@@ -62,7 +136,7 @@ def resources(kernel) -> dict:
 def sass_instructions(kernel) -> list:
     "(address, instruction, opcode) of each SASS instruction; the opcode skips a leading predicate."
     found = []
-    for line in _cuobjdump(kernel.asm["cubin"], "-sass").splitlines():
+    for line in cuobjdump(kernel).splitlines():
         if m := re.match(r"\s*/\*([0-9a-f]{4})\*/", line):
             ins = line.split("*/", 1)[1].split(";")[0].strip()
             found.append((int(m.group(1), 16), ins, ins.split()[1] if ins.startswith("@") else ins.split()[0]))
@@ -105,7 +179,9 @@ def summary(kernel) -> str:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python tools/compile_sm90.py")
+    ap.add_argument("--all", action="store_true", help="compile every kernel and config the package ships; exit 1 on a spill or error")
+    ap.add_argument("--workers", type=int, default=2, help="compiler processes for --all")
     ap.add_argument("--pointers", action="store_true", help="per-thread pointer loads instead of tensor descriptors")
     ap.add_argument("--config", default="128,64,8,3", help="BLOCK_M,BLOCK_N,num_warps,num_stages; ';' separates several")
     ap.add_argument("--shape", default="8,32,2048,128", help="B,H,N,D")
@@ -116,6 +192,7 @@ if __name__ == "__main__":
     ap.add_argument("--csv", help="append one row per config to this CSV (with Triton's version, the commit and the date)")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
+    if a.all: sys.exit(1 if check_all(a.workers) else 0)
     path = "pointers" if a.pointers else "descriptors"
     B, H, N, D = map(int, a.shape.split(","))
     for config in a.config.split(";"):

@@ -8,7 +8,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/triton_forward.html.md"""
 __all__ = ['LOG2E', 'TUNED_HEAD_DIMS', 'MAX_HEAD_DIM', 'attention', 'flash_attn_func', 'warmup']
 
 # %% ../nbs/03_triton_forward.ipynb #c9065aa5
-from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+from .runtime import interpreting, interpreter_bf16_dot_is_wrong  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import functools
 import inspect
@@ -21,6 +21,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+import warnings
 from .naive import _check_ref_inputs
 try: from triton import knobs as _knobs                              # launch hooks (profilers), see `_Launch`
 except ImportError: _knobs = None
@@ -265,9 +266,9 @@ def _set_descriptor_blocks(nargs):
 _INTERPRETER_CONFIG = triton.Config(dict(BLOCK_M=32, BLOCK_N=16), num_warps=4, num_stages=1, pre_hook=_set_descriptor_blocks)
 
 _CANDIDATES = [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 4, 3),
-               (64, 128, 4, 2), (64, 64, 4, 3), (64, 32, 4, 1), (32, 32, 4, 1)]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
+               (64, 128, 4, 2), (64, 64, 4, 3), (64, 32, 4, 1), (64, 32, 4, 3), (64, 32, 8, 3), (32, 32, 4, 1)]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 TUNED_HEAD_DIMS = (64, 128)                                          # all candidates are timed for these head dims …
-_ANY_HEAD_DIM = {(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 1)}   # … three robust ones for the others (fewer compiles)
+_ANY_HEAD_DIM = {(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 1), (64, 32, 8, 3)}   # … a few robust ones for the others
 
 def _gpu_configs() -> list:
     "The autotune candidates: Hopper/Ampere sizes, and small ones that fit a T4's 64 KiB of shared memory."
@@ -288,17 +289,27 @@ def _smem_bytes(block_m:int, block_n:int, block_d:int, num_stages:int, itemsize:
 def _max_smem(device_index:int) -> int:
     return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
 
-def _fits(config, block_d:int, smem_limit:int) -> bool:
-    "Whether a candidate fits in shared memory, and (at BLOCK_D = 256) in registers."
+def _registers(block_m:int, block_n:int, block_d:int, num_warps:int, pointers:bool) -> float:
+    """32-bit registers a thread holds, estimated: the float32 accumulator and score tile, and on the pointer path the
+    16-bit Q, K and V tiles too (loaded through registers; TMA writes them straight to shared memory)."""
+    threads = 32 * num_warps
+    held = block_m * (block_d + block_n) / threads
+    return held + ((block_m + 2 * block_n) * block_d / (2 * threads) if pointers else 0)
+
+# Above these estimates ptxas spills for sm_90 on Triton 3.6–3.9, below them it does not (`tools/compile_sm90.py --all`
+# compiles every candidate that passes, on each release, and fails on a spill)
+_REGISTER_BUDGET = {False: 160, True: 144}   # through descriptors, through pointers
+
+def _fits(config, block_d:int, smem_limit:int, pointers:bool=False) -> bool:
+    "Whether a candidate fits in shared memory and, by `_registers`' estimate, in registers without spilling."
     m, n, warps, stages = _shape(config)
-    if _smem_bytes(m, n, block_d, stages) > smem_limit: return False
-    if block_d >= 256 and (n > 64 or (m == 128 and warps < 8)): return False  # acc + S would spill
-    return True
+    return (_smem_bytes(m, n, block_d, stages) <= smem_limit
+            and _registers(m, n, block_d, warps, pointers) <= _REGISTER_BUDGET[pointers])
 
 def _prune_configs(configs, named_args, **kwargs):
-    "Autotune's early pruning: the candidates worth timing on this device for this head dim (never none)."
-    head_dim, block_d = kwargs["HEAD_DIM"], kwargs["BLOCK_D"]
-    kept = [c for c in configs if _fits(c, block_d, _max_smem(torch.cuda.current_device()))
+    "Autotune's early pruning: the candidates worth timing on this device for this head dim and path (never none)."
+    head_dim, block_d, pointers = kwargs["HEAD_DIM"], kwargs["BLOCK_D"], not kwargs["USE_TMA"]
+    kept = [c for c in configs if _fits(c, block_d, _max_smem(torch.cuda.current_device()), pointers)
             and (head_dim in TUNED_HEAD_DIMS or _shape(c) in _ANY_HEAD_DIM)]
     return kept or [min(configs, key=lambda c: _smem_bytes(*_shape(c)[:2], block_d, c.num_stages))]
 
@@ -365,9 +376,6 @@ MAX_HEAD_DIM = 256
 def _check_interpreter():
     "Interpreter set-ups that would fail deep inside Triton: say what is wrong and how to fix it."
     if not interpreting(): return
-    if tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 4) and tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7):
-        raise RuntimeError(f"Triton {triton.__version__}'s interpreter does not work with NumPy {np.__version__} "
-                           "(triton-lang/triton#9171); install numpy<2.4")
     if type(tl.cdiv).__name__ != "InterpretedFunction":   # Triton's own jitted helpers were built for a GPU
         raise RuntimeError("triton was imported before triton_fa2 on a machine without a GPU, so Triton's own library was "
                            "set up for a GPU and cannot run in its interpreter; import triton_fa2 first, or set "
@@ -376,21 +384,60 @@ def _check_interpreter():
 @functools.lru_cache
 def _capability(device:torch.device) -> tuple: return torch.cuda.get_device_capability(device)   # asked on every call
 
-def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
-    "Raise TypeError/ValueError naming the problem; return (B, Hq, Hkv, Lq, Lk, D). `layout` is SDPA's or flash-attn's."
+def _type_name(x) -> str:
+    "A value's type as messages name it: `int`, `NoneType`, but `numpy.int64` and `torch.Tensor`."
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+def _check_causal(causal) -> bool:
+    "causal as a Python bool: a NumPy bool is converted; anything else (an int, None, a mask) is a TypeError."
+    if isinstance(causal, (bool, np.bool_)): return bool(causal)
+    raise TypeError(f"causal must be a bool, got {_type_name(causal)} (arbitrary masks are not supported)")
+
+_ARG_NAMES = {"decode": ("q", "k_cache", "v_cache")}   # the public functions' names for q, k, v, where not q, k, v
+
+def _layout_hint(q, k, v, layout:str, fn:str) -> str:
+    """For (B, H, L, D) views refused for their head counts (Hq % Hkv ≠ 0, or Hkv = 0) that would pass with dims 1 and 2
+    of every tensor swapped: a sentence naming the other layout and the fix; otherwise "". Only input that is refused
+    anyway gets a hint, worded as a possibility (wrong head counts in the right layout can fit the other one too);
+    shapes that fit both layouts cannot be told apart, and are never refused."""
+    ts = (q, k, v)
+    if fn is None or not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in ts) or len({t.device for t in ts}) > 1: return ""
+    if not (q.shape[0] == k.shape[0] == v.shape[0] and q.shape[3] == k.shape[3] and k.shape[1:3] == v.shape[1:3]): return ""
+    if 0 in (q.shape[1], q.shape[2], k.shape[2]): return ""   # no query heads (or keys) either way: no layout to prefer
+    if not ((k.shape[1] == 0 or q.shape[1] % k.shape[1]) and q.shape[2] % k.shape[2] == 0): return ""
+    flash = layout == "(B, L, H, D)"
+    names = _ARG_NAMES.get(fn, ("q", "k", "v"))
+    shapes = ", ".join(f"{n} {tuple(t.transpose(1, 2).shape if flash else t.shape)}" for n, t in zip(names, ts))
+    fix = ", ".join(f"{n}.transpose(1, 2)" for n in names)
+    if flash:
+        return (f"If these are SDPA's (B, H, L, D) tensors ({shapes}): flash_attn_func takes (B, L, H, D); pass {fix}, "
+                "or call triton_fa2.attention, which takes (B, H, L, D)")
+    return (f"If these are flash-attn's (B, L, H, D) tensors ({shapes}): {fn} takes (B, H, L, D); pass {fix}"
+            + (", or call triton_fa2.flash_attn_func, which takes (B, L, H, D)" if fn == "attention" else ""))
+
+def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)", fn:str="attention"):
+    """Raise TypeError/ValueError naming the problem; return (B, Hq, Hkv, Lq, Lk, D). `layout` is SDPA's or flash-attn's;
+    `fn`, the public function being checked, named in the hint for tensors in the other layout (None: no hint)."""
     if layout == "(B, L, H, D)":
         for name, t in dict(q=q, k=k, v=v).items():  # rank first, in the caller's layout, then (B, H, L, D) views
             if isinstance(t, torch.Tensor) and t.dim() != 4: raise ValueError(f"{name} must be 4-D {layout}, got {name}.shape={tuple(t.shape)}")
         q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
-    _check_ref_inputs(q, k, v, None)              # what any attention needs: tensors, rank, one device, B, D, Hq % Hkv
+    try: _check_ref_inputs(q, k, v, None)         # what any attention needs: tensors, rank, one device, B, D, Hq % Hkv
+    except ValueError as e:
+        hint = _layout_hint(q, k, v, layout, fn)  # head counts that only fit the other layout: say so
+        if hint: raise ValueError(f"{e}. {hint}") from None
+        raise
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k, v must all be torch.float16 or all torch.bfloat16, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreting()):
         raise ValueError(f"q, k, v are on {q.device}, but Triton kernels run on a CUDA GPU; move them with .cuda(), "
                          "or set TRITON_INTERPRET=1 before importing triton_fa2 to run them in Triton's CPU interpreter")
-    if not isinstance(causal, bool): raise TypeError(f"causal must be a bool, got {type(causal).__name__} (arbitrary masks are not supported)")
+    if isinstance(causal, np.bool_):   # the public functions convert it first (`_check_causal`): the kernel needs a Python bool
+        raise TypeError(f"causal must be a Python bool, got {_type_name(causal)}; pass bool(causal)")
+    _check_causal(causal)
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real): raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real): raise TypeError(f"scale must be a float or None, got {_type_name(scale)}")
         if not torch.compiler.is_compiling() and not math.isfinite(scale):   # a traced scale may be symbolic
             raise ValueError(f"scale must be finite, got {scale}")
     (B, Hq, Lq, D), (_, Hkv, Lk, _) = q.shape, k.shape
@@ -412,8 +459,8 @@ def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)"):
 
 # %% ../nbs/03_triton_forward.ipynb #7e0e25d9
 def _dot_in_fp32(dtype) -> bool:
-    "True where tl.dot must take float32 copies: bf16 under Triton's interpreter (see above)."
-    return interpreting() and dtype == torch.bfloat16
+    "True where tl.dot must take float32 copies: bf16 under an interpreter that multiplies bf16 wrongly (see above)."
+    return interpreting() and dtype == torch.bfloat16 and interpreter_bf16_dot_is_wrong()
 
 def _should_pack_gqa(seqlen_q:int, group_size:int, block_m:int=128) -> bool:
     "Pack a KV head's g query heads into one Q block when that fills blocks much better (flash-attn 3's rule; see 05)."
@@ -437,6 +484,13 @@ def _has_tma(device:torch.device) -> bool:
     if TensorDescriptor is None: return False
     if device.type == "cpu": return interpreting()
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+def _gluon_applies(q, head_dim:int, use_tma:bool, pack:bool, fixed_max:bool) -> bool:
+    "Whether notebook 11's kernels may run this call (`gluon.applies`); where they could not be loaded, sm_90 says so once."
+    if _gluon is not None: return _gluon.applies(q, head_dim, use_tma, pack, fixed_max)
+    if _GLUON_MISSING and q.is_cuda and _capability(q.device) == (9, 0):
+        warnings.warn(f"triton_fa2: {_GLUON_MISSING.pop()}; the `tl` kernel runs instead (correct results, slower on sm_90)", stacklevel=4)
+    return False
 
 _TUNED = {}   # our autotune key → the config the autotuner chose for it, launched directly on later calls
 
@@ -469,14 +523,22 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:triton.
     if config is None:
         key = (D, causal, pack, tune_rows, tune_seqlen_k, use_tma, fold_scale, fixed_max, str(dtype), str(lse.device))
         config = _TUNED.get(key)
-    gluon_applies = _gluon is not None and _gluon.applies(q, D, use_tma, pack, fixed_max)
+    gluon_applies = _gluon_applies(q, D, use_tma, pack, fixed_max)
     if _gluon is not None and isinstance(config, _gluon.GluonConfig):   # notebook 11's kernel: the autotuner's pick, or a test's
-        if not gluon_applies: raise ValueError(f"{_label(config)} runs only on sm_90 with Gluon, through TMA views of "
-                                               "unpacked rows, for D 64 or 128 with the fixed maximum")
-        with torch.cuda.device(lse.device):
-            compiled, grid_size, gluon_args = _gluon.launch(q, k, v, o, lse, causal, scale, config)
-        if plan_key is not None and plan_key not in _PLANS: _save_plan(plan_key, compiled, grid_size, gluon_args, config, _gluon.ARG_NAMES)
-        return config
+        if key is None and not gluon_applies: raise ValueError(f"{_label(config)} runs only on sm_90 with Gluon, through TMA "
+                                                               "views of unpacked rows, for D 64 or 128 with the fixed maximum")
+        if gluon_applies:
+            try:
+                with torch.cuda.device(lse.device):
+                    compiled, grid_size, gluon_args = _gluon.launch(q, k, v, o, lse, causal, scale, config)
+            except Exception as e:
+                if key is None: raise                   # a test's config: its failure is what the test is for
+                _gluon.disable(f"the Gluon kernel {config.label} failed ({type(e).__name__}: {str(e)[:200]})")
+            else:
+                if plan_key is not None and plan_key not in _PLANS: _save_plan(plan_key, compiled, grid_size, gluon_args, config, _gluon.ARG_NAMES)
+                return config
+        del _TUNED[key]                                 # the pick cannot run here any more: the `tl` kernel's own pick serves
+        config, gluon_applies = None, False
     if use_tma: q, k, v, o = (_descriptor(t) for t in (q, k, v, o))
     rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack else (Lq, Hq)
     grid = lambda META: (triton.cdiv(rows, META["BLOCK_M"]) * B * grid_heads,)
@@ -588,8 +650,11 @@ def _keep_plan(plans:dict, plan_key:tuple, build):
     except (AttributeError, KeyError, TypeError, ValueError, ImportError): plans[plan_key] = False
 
 # %% ../nbs/03_triton_forward.ipynb #fb5e9c24
+_GLUON_MISSING = []                                     # why notebook 11's kernels could not be loaded, until said once
 try: from triton_fa2 import gluon as _gluon             # notebook 11: the loop in Gluon, more candidates on sm_90
-except (ImportError, AttributeError): _gluon = None     # a Triton without Gluon, or with another Gluon API: `_attn_fwd` alone
+except Exception as e:                                  # a Triton without Gluon, or with a Gluon API it does not know
+    _gluon = None
+    _GLUON_MISSING.append(f"the Gluon kernels for sm_90 could not be loaded ({type(e).__name__}: {str(e)[:200]})")
 
 # %% ../nbs/03_triton_forward.ipynb #ce6e8601
 # A notebook runs this cell in its own process, perhaps after the package was imported there: its copy gets another
@@ -641,12 +706,13 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               return_lse:bool=False,  # also return the log-sum-exp of each row
              ):                       # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32, natural log)
     "FlashAttention-2 forward in Triton: softmax(q kᵀ · scale) v, with GQA/MQA, for any strides whose last dim is contiguous."
+    causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
     o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False)
     return (o, lse) if return_lse else o
 
 # %% ../nbs/03_triton_forward.ipynb #fc8594b1
-def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 or bf16
+def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqlen, nheads, headdim) queries, fp16 or bf16
                     k:torch.Tensor,             # (B, Lk, Hkv, D) keys; Hq must be a multiple of Hkv
                     v:torch.Tensor,             # (B, Lk, Hkv, D) values
                     dropout_p:float=0.0,        # must be 0.0: no dropout in this forward-only kernel
@@ -658,11 +724,17 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) queries, fp16 o
                     deterministic:bool=False,   # accepted; the forward pass is always deterministic
                     return_attn_probs:bool=False, # also return (softmax_lse (B, Hq, Lq) float32, None)
                    ):                           # out (B, Lq, Hq, D) in q's dtype; with return_attn_probs, (out, softmax_lse, None)
-    "Drop-in for `flash_attn.flash_attn_func`'s forward pass, on the same Triton kernel as `attention`, without copies."
+    """Drop-in for `flash_attn.flash_attn_func`'s forward pass, on the same Triton kernel as `attention`, without copies.
+
+    The layout is flash-attn's, (batch_size, seqlen, nheads, headdim): q (B, Lq, Hq, D), k and v (B, Lk, Hkv, D).
+    Tensors in SDPA's (B, H, L, D) layout must be transposed first (`q.transpose(1, 2)`, a view), or passed to
+    `attention`, which takes them as they are: shapes that fit both layouts cannot be told apart, and give wrong results
+    without an error. Shapes that fit only SDPA's layout are refused with this advice."""
     if dropout_p != 0.0: raise ValueError(f"dropout_p must be 0.0 (triton_fa2 is a forward, inference kernel), got {dropout_p}")
     if tuple(window_size) != (-1, -1): raise ValueError(f"window_size must be (-1, -1): sliding windows are not supported yet, got {window_size}")
     if softcap != 0.0: raise ValueError(f"softcap must be 0.0: softcapping is not supported yet, got {softcap}")
     if alibi_slopes is not None: raise ValueError("alibi_slopes must be None: ALiBi is not supported yet")
+    causal = _check_causal(causal)                                  # a NumPy bool becomes a Python bool
     _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))            # (B, H, L, D) views of the same memory
     D = q.shape[-1]
@@ -675,6 +747,7 @@ def warmup(q:torch.Tensor, # (B, Hq, Lq, D) queries shaped like the real ones
            v:torch.Tensor, # (B, Hkv, Lk, D) values
            *, causal:bool=False, scale:float=None):  # the config the autotuner chose for this key (on sm_90 perhaps a `GluonConfig`)
     "Compile and autotune `attention` for inputs like these now, so that timed calls and CUDA graphs measure the kernel alone."
+    causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
     o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
     config = _attention_forward(q, k, v, o, lse, causal, D ** -0.5 if scale is None else scale)
