@@ -1,5 +1,6 @@
 """The benchmark harness (`triton_fa2.bench`): workload selection, the reference check that gates timing, skip
-reasons, the CSV format and merge, and the CLI's CPU mode (correctness only, no CSV unless asked)."""
+reasons, the CSV format and merge, and the CLI: its CPU mode (correctness only, no CSV unless asked), the table's
+tolerance and verdict columns and closing line, and its usage errors."""
 import csv
 import re
 import subprocess
@@ -7,11 +8,19 @@ import sys
 
 import pytest
 import torch
+import triton
 
+import triton_fa2
+import triton_fa2.__main__ as cli
 import triton_fa2.bench as bench
 from triton_fa2.bench import (COLUMNS, CPU_WORKLOADS, DECODE, EXTRA_COLUMNS, MONEY_SHOT, Unsupported, Workload, load_results,
-                              measure, money_shot_table, run_config, run_sweep, select_workloads, write_rows)
+                              measure, money_shot_table, run_config, run_sweep, select_workloads, tolerance, write_rows)
 from triton_fa2.runtime import default_device
+
+
+def bench_cli(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "triton_fa2.bench", *args], capture_output=True, text=True, timeout=600, **kwargs)
+
 
 HEADER = ("provider,op,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,dtype,causal,ms,tflops,tbps,gpu,torch,triton,"
           "commit,date")
@@ -29,6 +38,11 @@ def test_workload_sets_and_filters():
     assert all(w.batch == 32 and w.head_dim == 64 for w in select_workloads("prefill:B=32,D=64"))
     with pytest.raises(ValueError, match="unknown workload set"): select_workloads("nope")
     with pytest.raises(ValueError, match="unknown field"): select_workloads("prefill:Q=1")
+    with pytest.raises(ValueError, match=r"'prefill:B=3' selects no workloads; in 'prefill', batch ∈ \[1, 8, 32\]"):
+        select_workloads("money+prefill:B=3")
+    with pytest.raises(ValueError, match="'D=big' in 'prefill:D=big': head_dim takes an integer"): select_workloads("prefill:D=big")
+    with pytest.raises(ValueError, match="causal takes 1 or 0"): select_workloads("prefill:causal=maybe")
+    assert all(not w.causal for w in select_workloads("cpu:causal=no")) and select_workloads("cpu:causal=no")
 
 
 def test_causal_flops_count_half_and_bytes():
@@ -43,7 +57,7 @@ def test_causal_flops_count_half_and_bytes():
 def test_providers_pass_the_reference_check(provider, w):
     "Each provider that runs here gives a correct result on every CPU workload (prefill, GQA, decode)."
     row = measure(w, provider, [w.inputs(default_device())], run_config("test"))
-    assert row["max_err"] and float(row["max_err"]) < bench.MAX_ERROR, row
+    assert row["max_err"] and float(row["max_err"]) <= tolerance(w), row
     if not torch.cuda.is_available(): assert row["skip_reason"] == "timing needs a GPU" and row["ms"] == ""
 
 
@@ -54,6 +68,20 @@ def test_wrong_or_nan_results_are_not_timed(monkeypatch):
         monkeypatch.setitem(bench.PROVIDERS, "broken", bad)
         row = measure(w, "broken", [w.inputs(default_device())], run_config("test"))
         assert row["skip_reason"].startswith("wrong result") and row["ms"] == "", row
+
+
+def test_the_tolerance_is_the_one_of_python_dash_m_triton_fa2(monkeypatch):
+    "One definition: the dtype's entry in TOLERANCES gates timing, so an fp16 result 1.5 tolerances off is wrong (a flat 2e-2 would pass it)."
+    assert bench.TOLERANCES is cli.TOLERANCES
+    assert {w.dtype: tolerance(w) for w in CPU_WORKLOADS} == {"fp16": cli.TOLERANCES[torch.float16], "bf16": cli.TOLERANCES[torch.bfloat16]}
+    for w in CPU_WORKLOADS[0], CPU_WORKLOADS[2]:                                   # fp16, bf16
+        def off(w, q, k, v):                                                        # 1.5 tolerances off, in err's units
+            o = bench.attention_ref(q, k, v, causal=w.causal)[0]
+            return (o + 1.5 * tolerance(w) * o.abs().max().clamp(min=1)).to(q.dtype)
+        monkeypatch.setitem(bench.PROVIDERS, "off", off)
+        row = measure(w, "off", [w.inputs(default_device())], run_config("test"))
+        assert row["skip_reason"] == f"wrong result: max error {row['max_err']} > {tolerance(w):.1e}", row
+        assert bench.verdict(row) is False
 
 
 def test_unsupported_is_recorded_with_its_reason(monkeypatch):
@@ -90,19 +118,93 @@ def test_csv_merge_and_reading(tmp_path):
 
 def test_cli_without_a_gpu_checks_and_writes_nothing(tmp_path):
     if torch.cuda.is_available(): pytest.skip("the CPU mode is what this tests")
-    run = subprocess.run([sys.executable, "-m", "triton_fa2.bench", "--quick", "--no-progress"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    run = bench_cli("--quick", "--no-progress", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "timing needs a GPU" in run.stdout and "triton_fa2" in run.stdout
     assert not (tmp_path / "results").exists(), "a CPU run must not write results/raw.csv"
     out = tmp_path / "cpu.csv"
-    run = subprocess.run([sys.executable, "-m", "triton_fa2.bench", "--no-progress", "--providers", "triton_fa2,naive",
-                          "--out", str(out), "--commit", "t"], capture_output=True, text=True, timeout=600)
+    run = bench_cli("--no-progress", "--providers", "triton_fa2,naive", "--out", str(out), "--commit", "t")
     assert run.returncode == 0 and len(out.read_text().splitlines()) == 1 + 2 * len(CPU_WORKLOADS)
+    assert run.stdout.splitlines()[-1] == f"all {2 * len(CPU_WORKLOADS)} checks within tolerance"
     before = out.read_text()                # --resume: every pair is already there for commit t, so nothing is re-run
-    run = subprocess.run([sys.executable, "-m", "triton_fa2.bench", "--no-progress", "--providers", "triton_fa2,naive",
-                          "--out", str(out), "--commit", "t", "--resume"], capture_output=True, text=True, timeout=600)
+    run = bench_cli("--no-progress", "--providers", "triton_fa2,naive", "--out", str(out), "--commit", "t", "--resume")
     assert run.returncode == 0 and f"{2 * len(CPU_WORKLOADS)} pairs of commit t already" in run.stdout, run.stdout
-    assert out.read_text() == before and "wrote 0 rows" in run.stdout
-    run = subprocess.run([sys.executable, "-m", "triton_fa2.bench", "--providers", "nope"], capture_output=True, text=True)
-    assert run.returncode != 0 and "unknown providers" in (run.stdout + run.stderr)
+    assert out.read_text() == before and "wrote 0 rows" in run.stdout and run.stdout.splitlines()[-1] == "no checks ran"
+
+
+ROW = re.compile(r"(\S+) +(.+?) +(\d\.\d\de[-+]\d\d|-) +(\d\.\de[-+]\d\d|-)  (ok|FAIL|-) +(.+)")  # provider, workload, err, tol, check, time
+
+
+def test_quick_table_says_what_err_is_and_gives_a_verdict():
+    "--quick: a line defining err, the tolerance and ok/FAIL on every checked row, and a closing line that counts them."
+    if torch.cuda.is_available(): pytest.skip("the CPU run is what this reads (a GPU run times the quick set for minutes)")
+    run = bench_cli("--quick", "--no-progress")
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert any(l.startswith("err: max |o − o_ref| / max(1, max |o_ref|)") and "against attention_ref in float32" in l and
+               "fp16 2.0e-03, bf16 1.6e-02" in l for l in lines), run.stdout
+    header = next(l for l in lines if l.startswith("provider "))
+    assert header.split()[:6] == ["provider", "workload", "err", "tolerance", "check", "time,"]
+    rows = [ROW.fullmatch(l).groups() for l in lines[lines.index(header) + 1:-1]]
+    ours = [r for r in rows if r[0] == "triton_fa2"]
+    assert [r[1] for r in ours] == [w.label for w in CPU_WORKLOADS]
+    for (_, _, err, tol, check, _), w in zip(ours, CPU_WORKLOADS):
+        assert float(err) <= float(tol) == tolerance(w) and check == "ok"
+    checked = [r for r in rows if r[4] != "-"]
+    assert all(r[4] == "ok" for r in checked) and all(r[2] == r[3] == "-" for r in rows if r[4] == "-")
+    assert len(checked) > len(CPU_WORKLOADS) and len(rows) > len(checked)
+    assert lines[-1] == f"all {len(checked)} checks within tolerance; {len(rows) - len(checked)} pairs not run (the reason is on each line)"
+
+
+def test_a_failed_check_is_fail_and_exit_status_1(monkeypatch, capsys):
+    w = [w for w in CPU_WORKLOADS if w.op == "decode"][0]
+    monkeypatch.setitem(bench.PROVIDERS, "broken", lambda w, q, k, v: torch.zeros_like(q))
+    assert bench.main(["--shapes", "cpu:op=decode", "--providers", "broken,naive", "--no-progress"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(rf"broken +{re.escape(w.label)} +\S+ +{tolerance(w):.1e}  FAIL   wrong result: .*", next(l for l in lines if l.startswith("broken"))), lines
+    assert lines[-1] == "1 of 2 checks FAILED: broken"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shapes", "nonsense"], "argument --shapes: unknown workload set 'nonsense'; choose from ['cpu', 'decode', 'gqa', 'money', 'prefill', 'quick']"),
+    (["--shapes", "cpu:Q=1"], "argument --shapes: unknown field 'Q' in 'cpu:Q=1'; use one of ['batch', 'causal', 'dtype', 'head_dim', "
+                              "'heads_kv', 'heads_q', 'op', 'seqlen_k', 'seqlen_q'] or B, N, D, H, Lq, Lk"),
+    (["--shapes", "cpu:B=7"], "argument --shapes: 'cpu:B=7' selects no workloads; in 'cpu', batch ∈ [1, 2]"),
+    (["--providers", "triton_fa2,nope"], "argument --providers: unknown provider 'nope'; choose from triton_fa2, sdpa, sdpa_flash, "
+                                         "sdpa_cudnn, sdpa_efficient, flex, flash_attn, naive"),
+    (["--quick", "--shapes", "cpu"], "argument --shapes: not allowed with argument --quick"),
+    (["--fresh", "--resume"], "argument --resume: not allowed with argument --fresh"),
+    (["--hero", "--quick"], "--hero measures nothing, so --quick, --shapes, --providers, --fresh and --resume do not go with it: "
+                            "drop them or --hero"),
+])
+def test_bad_options_are_usage_errors_on_every_machine(args, message):
+    "Refused before anything runs, with or without a GPU (without one only the cpu set runs, yet a bad --shapes is refused): exit 2."
+    run = bench_cli(*args)
+    assert run.returncode == 2, run.stdout + run.stderr[-2000:]
+    assert run.stderr.splitlines()[-1] == f"python -m triton_fa2.bench: error: {message}"
+    assert "Traceback" not in run.stderr and run.stdout == ""
+
+
+def test_a_csv_option_without_a_csv_is_a_usage_error():
+    if torch.cuda.is_available(): pytest.skip("on a GPU the CSV defaults to results/raw.csv")
+    run = bench_cli("--resume", "--providers", "naive")
+    assert run.returncode == 2 and run.stderr.splitlines()[-1] == ("python -m triton_fa2.bench: error: --resume needs a CSV to act "
+                                                                   "on: without a GPU there is no default one, so name it with --out")
+
+
+def test_version_and_the_usage_line():
+    run = bench_cli("--version")
+    assert run.returncode == 0 and run.stdout.strip() == f"triton_fa2 {triton_fa2.__version__} · torch {torch.__version__} · triton {triton.__version__}"
+    run = bench_cli("--help")
+    assert run.returncode == 0 and run.stdout.startswith("usage: python -m triton_fa2.bench [-h]") and "bench.py" not in run.stdout
+
+
+def test_no_progress_hides_the_progress_bar():
+    "The help says what --no-progress does, and it does it: the bar (on stderr) is there without it and gone with it."
+    help_text = " ".join(bench_cli("--help").stdout.split())
+    assert "--no-progress hide the progress bar" in help_text
+    if torch.cuda.is_available(): pytest.skip("the one-pair CPU run below is what shows the bar")
+    one_pair = ["--shapes", "cpu:op=decode", "--providers", "naive"]
+    shown, hidden = bench_cli(*one_pair), bench_cli(*one_pair, "--no-progress")
+    assert shown.returncode == hidden.returncode == 0, shown.stderr[-2000:] + hidden.stderr[-2000:]
+    assert "benchmark: 100%" in shown.stderr and "benchmark" not in hidden.stderr
