@@ -59,47 +59,61 @@ def compile_packed(B=2, Hq=32, Hkv=8, N=64, D=128, causal=True, dtype=torch.bflo
     return kernel.compiled[0]
 
 
-def compile_decode(B=4, Hq=32, Hkv=8, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4):
-    "Compile the split-KV decode kernel (one query per sequence, ragged lengths) and the combine of its splits."
-    q = torch.empty(B, Hq, 1, D, dtype=dtype)
+def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4):
+    "Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits."
+    q = torch.empty(B, Hq, Lq, D, dtype=dtype)
     k_cache, v_cache = (torch.empty(B, Hkv, Lmax, D, dtype=dtype) for _ in range(2))
     n, w, s = config
     with offline(split_kv, "_decode_fwd", "_combine_splits") as (split, combine):
         split_kv._decode_forward(q, k_cache, v_cache, torch.full((B,), Lmax, dtype=torch.int32), torch.empty_like(q),
-                                 torch.empty(B, Hq, 1), True, D ** -0.5, num_splits,
+                                 torch.empty(B, Hq, Lq), True, D ** -0.5, num_splits,
                                  config=triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s))
     return split.compiled[0], combine.compiled[0]
 
 
+def _as_h200():
+    "The autotuners' pruning asks the current GPU for its shared memory: answer as an H200 would."
+    fwd._max_smem = split_kv._max_smem = lambda device: H200_SMEM
+    torch.cuda.current_device = lambda: 0
+
+
 def shipped():
-    """Every (kernel, config, head dim, path) the package can launch on sm_90, as (name, thunk) pairs. Prefill: every
-    candidate at the tuned head dims, the any-head-dim ones at 32, 96 and 256, each through descriptors and packed through
-    pointers, where it fits the H200's shared memory; decode: every candidate at D 64 and 128, and the combine; Gluon:
-    every candidate at each of its head dims."""
+    """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the autotuners'
+    own candidate tables and pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim
+    needs), through descriptors and packed through pointers; decode at D 128 and 256, with one query per sequence and
+    with 64 packed rows (GQA 8:1 over 8 queries); the combine; Gluon: every candidate at each of its head dims."""
+    _as_h200()
     jobs = []
-    for D in (*fwd.TUNED_HEAD_DIMS, 32, 96, 256):
+    for D in (*fwd.TUNED_HEAD_DIMS, 256):
         block_d = max(triton.next_power_of_2(D), 16)
-        for config in fwd._CANDIDATES:
-            cfg = triton.Config(dict(BLOCK_M=config[0], BLOCK_N=config[1]), num_warps=config[2], num_stages=config[3])
-            if D not in fwd.TUNED_HEAD_DIMS and config not in fwd._ANY_HEAD_DIM: continue
-            label = "{}x{} w{} s{}".format(*config)
-            if fwd._fits(cfg, block_d, H200_SMEM): jobs.append((f"prefill {label} D={D} descriptors", ("forward", D, config)))
-            if fwd._fits(cfg, block_d, H200_SMEM, pointers=True):
-                jobs.append((f"prefill {label} D={D} packed pointers", ("packed", D, config)))
-    for D in (64, 128):
-        for config in split_kv._DECODE_CANDIDATES:
-            jobs.append((f"decode BLOCK_N={config[0]} w{config[1]} s{config[2]} D={D} + combine", ("decode", D, config)))
+        for pointers in (False, True):
+            for c in fwd._prune_configs(fwd._gpu_configs(), {}, HEAD_DIM=D, BLOCK_D=block_d, USE_TMA=not pointers):
+                config = fwd._shape(c)
+                path = "packed pointers" if pointers else "descriptors"
+                jobs.append((f"prefill {fwd._label(c)} D={D} {path}", ("packed" if pointers else "forward", D, config, None)))
+    for Hkv, Lq in ((8, 1), (4, 8)):
+        rows = 32 // Hkv * Lq
+        for D in (128, 256):
+            configs = [triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s) for n, w, s in split_kv._DECODE_CANDIDATES]
+            for c in split_kv._prune_decode_configs(configs, {}, BLOCK_M=split_kv._decode_block_m(rows),
+                                                    BLOCK_D=max(triton.next_power_of_2(D), 16)):
+                config = (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                jobs.append((f"decode BLOCK_N={config[0]} w{config[1]} s{config[2]} D={D} rows={rows} + combine",
+                             ("decode", D, config, (Hkv, Lq))))
     for config in gluon.CANDIDATES:
-        for D in config.head_dims: jobs.append((f"{config.label} D={D}", ("gluon", D, config)))
+        for D in config.head_dims: jobs.append((f"{config.label} D={D}", ("gluon", D, config, None)))
     return jobs
 
 
 def compile_job(job) -> list:
     "Compile one job of `shipped()`: [(kernel, resources)] for each kernel it launches."
-    kind, D, config = job
+    kind, D, config, heads = job
     if kind == "forward": return [("_attn_fwd", resource_usage(compile_forward(D=D, config=config)))]
     if kind == "packed": return [("_attn_fwd", resource_usage(compile_packed(D=D, config=config)))]
-    if kind == "decode": return [(n, resource_usage(k)) for n, k in zip(("_decode_fwd", "_combine_splits"), compile_decode(D=D, config=config))]
+    if kind == "decode":
+        Hkv, Lq = heads
+        return [(n, resource_usage(k)) for n, k in zip(("_decode_fwd", "_combine_splits"),
+                                                        compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config))]
     return [(config.label, resource_usage(gluon._compile_sm90(config, D=D)))]
 
 

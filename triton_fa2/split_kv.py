@@ -20,7 +20,7 @@ import triton.language as tl
 from .forward import (LOG2E, _attn_fwd_inner, _bench_candidate, _bucket, _check_causal, _check_inputs,
                                 _define_operator, _c_launch, _dot_in_fp32, _fast_launch_possible, _keep_plan,
                                 _kv_key_bounds, _load_rows, _max_smem, _normalize_rows, _plain_eager, _q_block_rows,
-                                _smem_bytes)
+                                _REGISTER_BUDGET, _registers, _smem_bytes)
 
 # %% ../nbs/06_split_kv_decode.ipynb #994421ff
 def num_splits_heuristic(programs:int,       # programs of the unsplit launch: B · Hkv · Q blocks
@@ -183,15 +183,17 @@ def _combine_splits(O_PART, LSE_PART,                     # float32 partials: (S
 
 # %% ../nbs/06_split_kv_decode.ipynb #b9d62b7b
 _INTERPRETER_DECODE_CONFIG = triton.Config(dict(BLOCK_N=16), num_warps=4, num_stages=1)
-_DECODE_CANDIDATES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3)]  # (BLOCK_N, warps, stages)
+_DECODE_CANDIDATES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3), (32, 8, 2)]  # (BLOCK_N, warps, stages)
 _INTERPRETER_SMS = 8       # what the heuristic assumes under the interpreter: small shapes split too
 
 def _prune_decode_configs(configs, named_args, **kwargs):
-    "The candidates whose K/V pipeline fits the device's shared memory (never none)."
+    """The candidates whose K/V pipeline fits the device's shared memory, and whose tiles fit in registers by prefill's
+    estimate for its pointer path (`_registers`: every decode load is a pointer load); never none."""
     block_m, block_d = kwargs["BLOCK_M"], kwargs["BLOCK_D"]
     smem = lambda c: _smem_bytes(block_m, c.kwargs["BLOCK_N"], block_d, c.num_stages)
-    kept = [c for c in configs if smem(c) <= _max_smem(torch.cuda.current_device())]
-    return kept or [min(configs, key=smem)]
+    fits = lambda c: (smem(c) <= _max_smem(torch.cuda.current_device())
+                      and _registers(block_m, c.kwargs["BLOCK_N"], block_d, c.num_warps, pointers=True) <= _REGISTER_BUDGET[True])
+    return [c for c in configs if fits(c)] or [min(configs, key=smem)]
 
 _decode_fwd_tuned = triton.autotune(
     configs=[_INTERPRETER_DECODE_CONFIG] if interpreting() else
