@@ -8,7 +8,8 @@ configs, beside the `tl` kernel and SDPA's FA2 and cuDNN backends, in one proces
 import os, sys, argparse
 import torch, triton
 import triton_fa2.forward as fwd
-from triton_fa2.gluon import GluonConfig, _compile_sm90, _cuobjdump, sm90_reports
+from triton_fa2.gluon import GluonConfig, _compile_sm90, sm90_reports
+from triton_fa2.runtime import cuobjdump
 
 
 def attention_gluon(q, k, v, causal=False, scale=None, BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, q_in_regs=False, p_smem=False,
@@ -185,7 +186,7 @@ if __name__ == "__main__":
         print(sm90_reports([config], D, bool(a.causal), dtype))
         if os.environ.get("SASS_OUT"):
             kern = _compile_sm90(config, B, H, N, D, bool(a.causal), dtype)
-            open(os.environ["SASS_OUT"], "w").write(_cuobjdump(kern.asm["cubin"]))
+            open(os.environ["SASS_OUT"], "w").write(cuobjdump(kern))
     elif a.grid:
         gpu_grid([tuple(int(x) for x in c.split(",")) for c in a.configs.split(";")], a.out, a.commit)
     else:

@@ -18,7 +18,8 @@ other's products (FA3's inter-warpgroup overlap), ordered by two mbarriers.
 import argparse, os, re, sys, time
 import torch, triton
 from triton_fa2.forward import LOG2E
-from triton_fa2.gluon import _attn_fwd_ws, _ws_maxnreg as maxnreg_for, _cuobjdump, _descriptor, wgmma_hazards
+from triton_fa2.gluon import _attn_fwd_ws, _ws_maxnreg as maxnreg_for, _descriptor, wgmma_hazards
+from triton_fa2.runtime import compile_for_gpu, cuobjdump
 sys.path.insert(0, os.path.dirname(__file__))
 from gluon_attention import check_against_float32, time_against_yardsticks
 
@@ -51,22 +52,13 @@ def attention_ws(q, k, v, causal=False, scale=None, poison=False, **config):
 
 def compile_sm90(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, **config):
     "Compile for sm_90 without a GPU (CPU tensors stand in), as `triton_fa2.gluon._compile_sm90`."
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
     q, k, v = (torch.empty(B, H, N, D, dtype=dtype) for _ in range(3))
     named, _ = _arguments(q, k, v, torch.empty_like(q), torch.empty(B, H, N), causal, D ** -0.5, **config)
-    target = GPUTarget("cuda", 90, 32)
-    backend, fn = CUDABackend(target), _attn_fwd_ws
-    kwargs = dict(named, maxnreg=maxnreg_for(named["CONSUMER_REGS"], named["CONSUMERS"]))
-    bound, specialization, options = create_function_from_signature(fn.signature, fn.params, backend)(**kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-    return triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return compile_for_gpu(_attn_fwd_ws, **named, maxnreg=maxnreg_for(named["CONSUMER_REGS"], named["CONSUMERS"]))
 
 
 def report(kernel):
-    usage, sass = _cuobjdump(kernel.asm["cubin"], "-res-usage"), _cuobjdump(kernel.asm["cubin"])
+    usage, sass = cuobjdump(kernel, "-res-usage"), cuobjdump(kernel)
     found = lambda pattern: int(m[1]) if (m := re.search(pattern, usage)) else None
     return dict(registers=found(r"REG:(\d+)"), stack_bytes=found(r"STACK:(\d+)"), shared_kib=kernel.metadata.shared // 1024,
                 wgmma=sass.count("HGMMA"), waits=sass.count("WARPGROUP.DEPBAR"),

@@ -5,7 +5,7 @@
 # returned $OUT/results/raw.csv to results/ and call again until it prints "sweep complete".
 #   COMMIT=<sha> SWEEP_SECONDS=480 [RAW=results/issue6/raw_<sha>_partial.csv] bash tools/sweep_h200.sh
 # RAW (default results/raw.csv) is the file resumed from: a new sweep can grow beside the published one.
-# Carry .whl (../shared/device/wheels.sh) so tqdm and fastcore are importable. The log gets one JSON line per confirmed
+# Carry .whl (../shared/device/wheels.sh tqdm) so the bench extras (tqdm; the device has pandas, matplotlib) import. The log gets one JSON line per confirmed
 # autotune key (TRITON_FA2_PRINT_TUNING), to read a pick afterwards.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"

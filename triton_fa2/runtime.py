@@ -6,8 +6,8 @@ Docs: https://triton-fa2.github.io/triton_fa2/runtime.html.md"""
 
 # %% auto #0
 __all__ = ['INTERPRET', 'BF16_DOT_FIXED_IN', 'NUMPY_INDEX_FIXED_IN', 'gpu_available', 'interpreting', 'use_interpreter_if_no_gpu',
-           'default_device', 'triton_release', 'interpreter_bf16_dot_is_wrong', 'interpreter_index_breaks_on_numpy',
-           'compile_for_gpu', 'cuobjdump', 'resource_usage']
+           'default_device', 'default_dtype', 'triton_release', 'interpreter_bf16_dot_is_wrong',
+           'interpreter_index_breaks_on_numpy', 'compile_for_gpu', 'cuobjdump', 'resource_usage']
 
 # %% ../nbs/90_runtime.ipynb #17e6a81e
 import os
@@ -35,6 +35,13 @@ INTERPRET = use_interpreter_if_no_gpu()  # at import: before any kernel module i
 def default_device() -> torch.device:
     "The device this project's examples and tests put tensors on: `cuda` when a GPU is present, else `cpu`."
     return torch.device("cuda" if gpu_available() else "cpu")
+
+# %% ../nbs/90_runtime.ipynb #582f43e9
+def default_dtype(device:torch.device=None) -> torch.dtype:
+    "bf16 where the kernels can run it (the interpreter; GPUs of compute capability 8.0 or newer), else fp16 (a T4)."
+    device = torch.device(device) if device is not None else default_device()
+    if device.type != "cuda": return torch.bfloat16
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
 
 # %% ../nbs/90_runtime.ipynb #a51d063c
 BF16_DOT_FIXED_IN = None    # the first Triton release whose interpreter computes bf16 `tl.dot` right: none of 3.6–3.9
