@@ -183,7 +183,7 @@ def _combine_splits(O_PART, LSE_PART,                     # float32 partials: (S
 
 # %% ../nbs/06_split_kv_decode.ipynb #b9d62b7b
 _INTERPRETER_DECODE_CONFIG = triton.Config(dict(BLOCK_N=16), num_warps=4, num_stages=1)
-_DECODE_CANDIDATES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3), (32, 8, 2)]  # (BLOCK_N, warps, stages)
+_DECODE_CANDIDATES = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3), (32, 8, 3)]  # (BLOCK_N, warps, stages)
 _INTERPRETER_SMS = 8       # what the heuristic assumes under the interpreter: small shapes split too
 
 def _prune_decode_configs(configs, named_args, **kwargs):
