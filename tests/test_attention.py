@@ -15,8 +15,14 @@ import torch
 import torch.nn.functional as F
 
 import triton_fa2
+import triton_fa2.candidates as cands
+import triton_fa2.dispatch as dispatch
 import triton_fa2.forward as fwd
-from triton_fa2.forward import _attention_forward, attention, flash_attn_func, warmup
+import triton_fa2.launch as fast
+import triton_fa2.ops as ops
+from triton_fa2.candidates import Candidate
+from triton_fa2.dispatch import _attention_forward
+from triton_fa2.interface import attention, flash_attn_func, warmup
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device, interpreting
 
@@ -199,11 +205,11 @@ def test_flash_attn_func_layout_and_no_copies(monkeypatch):
     assert torch.equal(out.transpose(1, 2), o_sdpa) and torch.equal(lse, lse_sdpa)
     assert torch.equal(flash_attn_func(q, k, v, 0.0, 0.2, True), attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, scale=0.2).transpose(1, 2))
     seen = {}
-    real = fwd._attention_forward
-    def spy(q_, k_, v_, o_, *args, **kwargs):   # kwargs: the autotuner's confirmation reruns candidates through it
+    real = dispatch._attention_forward
+    def spy(q_, k_, v_, o_, *args, **kwargs):
         seen.update(q=q_.data_ptr(), k=k_.data_ptr(), v=v_.data_ptr(), o=o_.data_ptr())
         return real(q_, k_, v_, o_, *args, **kwargs)
-    monkeypatch.setattr(fwd, "_attention_forward", spy)
+    monkeypatch.setattr(ops, "_attention_forward", spy)
     out = flash_attn_func(q, k, v)
     assert seen == dict(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=out.data_ptr()), "inputs or output were copied"
 
@@ -222,13 +228,13 @@ def test_flash_attn_func_refuses_unsupported_features(kwargs, message):
 def test_deterministic_and_warmup():
     q, k, v = (randn(2, 2, 77, 64, dtype=torch.bfloat16) for _ in range(3))
     config = warmup(q, k, v, causal=True)
-    assert {"BLOCK_M", "BLOCK_N"} <= set(config.kwargs)
-    if interpreting(): assert config.kwargs == fwd._INTERPRETER_CONFIG.kwargs
+    assert isinstance(config, Candidate) and config.kernel in ("tl", "gluon")
+    if interpreting(): assert config == cands.INTERPRETER_PREFILL
     assert torch.equal(attention(q, k, v, causal=True), attention(q, k, v, causal=True))
 
 
-def test_fixed_config_bypasses_the_autotuner():
-    "A fixed config runs the kernel without autotuning, bit for bit what the autotuner runs when it picks that config."
+def test_fixed_config_bypasses_the_choice():
+    "A given candidate runs without the dispatcher's choice, bit for bit what the dispatcher runs when it picks that one."
     q, k, v = (randn(1, 2, 45, 64) for _ in range(3))
     config = warmup(q, k, v, causal=True)
     o = torch.full_like(q, float("nan")); lse = torch.full(q.shape[:3], float("nan"), device=q.device)
@@ -290,7 +296,7 @@ def test_causal_numpy_bools_and_type_names():
     assert torch.equal(flash_attn_func(q, q, q, causal=np.False_), flash_attn_func(q, q, q, causal=False))
     t = q.transpose(1, 2)
     assert torch.equal(attention(t, t, t, causal=np.True_), attention(t, t, t, causal=True))
-    assert fwd.warmup(t, t, t, causal=np.True_) is not None
+    assert warmup(t, t, t, causal=np.True_) is not None
     for f, t in ((flash_attn_func, q), (attention, t)):
         with pytest.raises(TypeError, match="causal must be a bool, got numpy.int64"): f(t, t, t, causal=np.int64(1))
         with pytest.raises(TypeError, match="causal must be a bool, got int"): f(t, t, t, causal=1)
@@ -368,14 +374,13 @@ def test_cpu_tensors_without_the_interpreter(tmp_path):
     assert "TRITON_INTERPRET=1" in out.stdout
 
 
-def test_autotune_candidates():
+def test_prefill_candidates():
     "Every head dim keeps candidates on an H200 and on a T4; D = 256 keeps none that would spill."
-    configs = fwd._gpu_configs()
     for block_d in (16, 32, 64, 128, 256):
         for smem in (232448, 65536):      # H200, T4 (bytes per block)
-            kept = [c for c in configs if fwd._fits(c, block_d, smem)]
+            kept = [c for c in cands.PREFILL_TL if cands.fits(c, c.BLOCK_M, block_d, smem)]
             assert kept or block_d == 256 and smem == 65536, (block_d, smem)
-    assert not any(fwd._fits(c, 256, 232448) and fwd._shape(c)[1] > 64 for c in configs)
+    assert not any(cands.fits(c, c.BLOCK_M, 256, 232448) and c.BLOCK_N > 64 for c in cands.PREFILL_TL)
 
 
 # ----------------------------------------------------------------------------------------------------------- GPU
@@ -432,19 +437,18 @@ def test_gpu_ragged_and_wide(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
 
 @pytest.mark.gpu
 def test_gpu_every_candidate_is_correct():
-    "Whichever config the autotuner picks must be right: run every candidate that fits, on awkward shapes."
-    for m, n, w, s in fwd._CANDIDATES:
-        config = fwd.triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s)
+    "Whichever candidate the dispatcher picks must be right: run every `tl` candidate that fits, on awkward shapes."
+    for config in cands.PREFILL_TL:
         for (B, Hq, Hkv, Lq, Lk, D, causal) in [(2, 4, 2, 1000, 777, 128, True), (1, 2, 2, 333, 4099, 64, False),
                                                  (1, 2, 1, 257, 100, 80, True), (1, 2, 2, 130, 130, 256, True)]:
-            if not fwd._fits(config, fwd.triton.next_power_of_2(D), fwd._max_smem(0)): continue
+            if not cands.fits(config, config.BLOCK_M, fwd.triton.next_power_of_2(D), cands._max_smem(0)): continue
             for dtype in DTYPES:
                 q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
                 o = torch.full_like(q, float("nan")); lse = torch.full(q.shape[:3], float("nan"), device=q.device)
                 _attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config)
                 o_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=torch.float64)
                 max_abs, rel = errors(o, o_ref)
-                assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], ((m, n, w, s), D, dtype, max_abs, rel)
+                assert max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1], (config, D, dtype, max_abs, rel)
                 torch.testing.assert_close(lse.double(), lse_ref, **LSE_TOL)
 
 
@@ -472,27 +476,27 @@ def test_plain_eager_calls_skip_the_dispatcher_and_everything_else_sees_the_oper
     "`_plain_eager` decides whether the public functions call the operator; modes, subclasses and profiles must see it."
     from torch.utils.flop_counter import FlopCounterMode
     q, k, v = randn(1, 2, 20, 32), randn(1, 2, 20, 32), randn(1, 2, 20, 32)
-    assert fwd._plain_eager(q, k, v)
-    assert not fwd._plain_eager(q, k, torch.nn.Parameter(v, requires_grad=False))   # a tensor subclass
-    with torch.device(DEVICE): assert not fwd._plain_eager(q, k, v)                  # a TorchFunctionMode
-    with FlopCounterMode(display=False): assert not fwd._plain_eager(q, k, v)       # a TorchDispatchMode
-    with torch.profiler.profile(): assert not fwd._plain_eager(q, k, v)
+    assert ops._plain_eager(q, k, v)
+    assert not ops._plain_eager(q, k, torch.nn.Parameter(v, requires_grad=False))   # a tensor subclass
+    with torch.device(DEVICE): assert not ops._plain_eager(q, k, v)                  # a TorchFunctionMode
+    with FlopCounterMode(display=False): assert not ops._plain_eager(q, k, v)       # a TorchDispatchMode
+    with torch.profiler.profile(): assert not ops._plain_eager(q, k, v)
     o = attention(q, k, v, causal=True)
     with FlopCounterMode(display=False): o_mode = attention(q, k, v, causal=True)   # through the operator
     assert torch.equal(o, o_mode)
-    assert not fwd._fast_launch_possible(q) or q.is_cuda                             # saved launches: GPUs only
+    assert not fast.fast_launch_possible(q) or q.is_cuda                             # saved launches: GPUs only
 
 
 def test_saved_launches_step_aside_for_launch_hooks():
     "A profiler's launch hook (Triton 3.6 keeps them in a HookChain) must see every launch: Triton's own path then."
     from triton import knobs
     hooks = knobs.runtime.launch_enter_hook
-    assert fwd._no_hook(hooks) and fwd._no_hook(None)
+    assert fast._no_hook(hooks) and fast._no_hook(None)
     hook = lambda metadata: None
     hooks.add(hook)
-    try: assert not fwd._no_hook(hooks)
+    try: assert not fast._no_hook(hooks)
     finally: hooks.remove(hook)
-    assert fwd._no_hook(hooks)
+    assert fast._no_hook(hooks)
 
 
 # Saved launches (`_Launch`): each case names the path it exercises; every case is called three times with fresh
@@ -507,11 +511,9 @@ SAVED_LAUNCH_CASES = [
 
 
 def one_candidate(monkeypatch):
-    "Fresh plans and tuning state, and one candidate: these tests check the launch path, not the tuning (one compile each)."
-    monkeypatch.setattr(fwd, "_PLANS", {}); monkeypatch.setattr(fwd, "_TUNED", {})   # call 1 is the autotuner's again
-    one = fwd.triton.Config(dict(BLOCK_M=64, BLOCK_N=64), num_warps=4, num_stages=3, pre_hook=fwd._set_descriptor_blocks)
-    monkeypatch.setattr(fwd._attn_fwd_tuned, "configs", [one])
-    monkeypatch.setattr(fwd._attn_fwd_tuned, "cache", {})
+    "Fresh plans and picks, and one candidate: these tests check the launch path, not the choice (one compile each)."
+    monkeypatch.setattr(dispatch, "_PLANS", {}); monkeypatch.setattr(dispatch, "_PICKS", {})   # call 1 chooses again
+    monkeypatch.setattr(dispatch, "prefill_candidates", lambda *a, **kw: [Candidate("tl", 64, 64, 4, 3)])
 
 
 def _saved_launch_inputs(shape, layout, dtype):
@@ -529,13 +531,13 @@ def _saved_launch_inputs(shape, layout, dtype):
 def test_gpu_saved_launches(shape, causal, layout, dtype, monkeypatch):
     one_candidate(monkeypatch)
     calls = []
-    original = fwd._Launch.__call__
-    monkeypatch.setattr(fwd._Launch, "__call__", lambda self, *a: (calls.append(self.use_tma), original(self, *a)))
+    original = fast._Launch.__call__
+    monkeypatch.setattr(fast._Launch, "__call__", lambda self, *a: (calls.append(self.use_tma), original(self, *a)))
     for _ in range(3):
         q, k, v = _saved_launch_inputs(shape, layout, dtype)
         check(q, k, v, causal)                           # _attention_forward into poisoned buffers, then attention()
-    # call 1 autotunes, call 2 is Triton's launch of the pick (the plan is saved), calls 3–6 go through the plan
-    assert len(calls) == 4, calls
+    # call 1 chooses, and Triton launches the pick (the plan is saved); calls 2–6 go through the plan
+    assert len(calls) == 5, calls
     assert all(calls) == (layout in ("bhld", "blhd") and fwd._has_tma(q.device) and not fwd._should_pack_gqa(shape[3], shape[1] // shape[2]))
 
 
@@ -596,14 +598,14 @@ def test_saved_launch_passes_triton_3_6s_launcher_arguments(descriptors, monkeyp
     lse = torch.empty(1, 2, 64)
     tiles = [fwd.TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, 64]) for t, r in zip((q, k, v, o), (64, 32, 32, 64))] \
         if descriptors else [q, k, v, o]
-    scalars = list(range(100, 112)) + [2, 1, 64, 64, 0.5, 1, 64, 0]          # 12 strides, Hq, g, Lq, Lk, qk_scale, tune_*
+    scalars = list(range(100, 112)) + [2, 1, 64, 64, 0.5]                    # 12 strides, Hq, g, Lq, Lk, qk_scale
     constants = [64, 64, True, False, False, 64, 64, descriptors, True, True]   # HEAD_DIM … FIXED_MAX, in signature order
     args = tiles + [lse] + scalars + constants
     assert len(args) == len(fwd._ATTN_FWD_ARGS)
-    plan = fwd._Launch(kernel, 10, args, "config")
+    plan = fast._Launch(kernel, 10, args, "candidate", fwd._ATTN_FWD_ARGS)
     q2, k2, v2, o2 = (torch.randn(*s, dtype=torch.float16) for s in shapes)
     lse2 = torch.empty(1, 2, 64)
-    for _ in range(2): plan(q2, k2, v2, o2, lse2, 0.25)
+    for _ in range(2): plan(q2, k2, v2, o2, lse2, 0.25 * fwd.LOG2E)
     head = (10, 1, 1, 77, 1234, False, False, None, None, "packed", None, None, None)
     if descriptors:
         expanded = []
@@ -636,7 +638,7 @@ def test_a_given_config_launches_with_all_its_options(monkeypatch):
     recorder = _RecordLaunch()
     monkeypatch.setattr(fwd, "_attn_fwd", recorder)
     q, k, v = (randn(1, 2, 64, 64) for _ in range(3))
-    config = fwd.triton.Config(dict(BLOCK_M=64, BLOCK_N=32), num_warps=8, num_stages=2, maxnreg=128)
+    config = Candidate("tl", 64, 32, 8, 2, maxnreg=128)
     _attention_forward(q, k, v, torch.empty_like(q), torch.empty(1, 2, 64, device=q.device), True, 0.125, config=config)
     assert {k: recorder.options[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "maxnreg")} == \
         dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2, maxnreg=128)

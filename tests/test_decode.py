@@ -11,10 +11,14 @@ import pytest
 import torch
 
 import triton_fa2
+import triton_fa2.candidates as cands
+import triton_fa2.dispatch as dispatch
+import triton_fa2.launch as fast
 import triton_fa2.split_kv as dec
-from triton_fa2.split_kv import (_choose_num_splits, _decode_forward, decode, merge_attention_states,
-                               num_splits_heuristic)
-from triton_fa2.forward import attention
+from triton_fa2.candidates import Candidate
+from triton_fa2.dispatch import _decode_forward
+from triton_fa2.interface import attention, decode
+from triton_fa2.split_kv import _choose_num_splits, merge_attention_states, num_splits_heuristic
 from triton_fa2.naive import attention_ref
 from test_attention import DEVICE, DTYPES, LSE_TOL, TOL, errors, randn
 
@@ -289,12 +293,11 @@ def test_gpu_decode_shapes(B, Hq, Hkv, Lmax, D, Lq, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 5])   # 1: the kernel writes o in q's dtype and lse itself; 5: fp32 partials
 def test_gpu_every_decode_candidate(num_splits):
-    "Whichever decode config the autotuner picks must be right, with and without splits."
+    "Whichever decode candidate the dispatcher picks must be right, with and without splits."
     seqlens = torch.tensor([1, 777, 3000], device="cuda", dtype=torch.int32)
-    for n, w, s in dec._DECODE_CANDIDATES:
-        config = dec.triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s)
+    for config in cands.DECODE:
         for D, Lq in [(128, 1), (64, 4), (256, 2)]:
-            if dec._smem_bytes(dec._decode_block_m(4 * Lq), n, D, s) > dec._max_smem(0): continue
+            if cands._smem_bytes(dec._decode_block_m(4 * Lq), config.BLOCK_N, D, config.num_stages) > cands._max_smem(0): continue
             q = randn(3, 8, Lq, D, dtype=torch.bfloat16)
             k, v = nan_cache(3, 2, 3000, D, seqlens, torch.bfloat16), nan_cache(3, 2, 3000, D, seqlens, torch.bfloat16)
             o, lse = run(q, k, v, seqlens, True, num_splits, config)
@@ -335,31 +338,31 @@ def test_plain_eager_decode_equals_the_operator():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_every_decode_candidate_at_batch_64(dtype):
-    """(64, 32/8, 4096), Lq = 1, unsplit, with every candidate: the shape whose test failed when the decode autotuner
-    first timed candidates in CUDA graphs (cead636). Every config is right; the cause was the graph timing's race with
-    the caches still being written (59a3980: fails without `_graph_ms`'s wait, passes with it)."""
+    """(64, 32/8, 4096), Lq = 1, unsplit, with every candidate: the shape whose test failed when decode's candidates were
+    first timed in CUDA graphs. Every candidate is right; the cause was the graph timing's race with the caches still
+    being written (it fails without `_graph_ms`'s wait, and passes with it)."""
     B, Hq, Hkv, Lmax, D = 64, 32, 8, 4096, 128
     seqlens = torch.randint(1, Lmax + 1, (B,), device="cuda", dtype=torch.int32)
     seqlens[0], seqlens[-1] = 1, Lmax
     q = randn(B, Hq, 1, D, dtype=dtype)
     k, v = nan_cache(B, Hkv, Lmax, D, seqlens, dtype), nan_cache(B, Hkv, Lmax, D, seqlens, dtype)
     bad = []
-    for n, w, s in dec._DECODE_CANDIDATES:
-        o, lse = run(q, k, v, seqlens, True, 1, dec.triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s))
+    for config in cands.DECODE:
+        o, lse = run(q, k, v, seqlens, True, 1, config)
         for b in (0, B // 2, B - 1):
             o_ref, _ = attention_ref(q[b:b+1], k[b:b+1], v[b:b+1], causal=True, kv_lens=seqlens[b:b+1])
             max_abs, rel = errors(o[b:b+1], o_ref.double())
-            if not (max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1]): bad.append(((n, w, s), b, max_abs, rel))
+            if not (max_abs <= TOL[dtype][0] and rel <= TOL[dtype][1]): bad.append((config.label, b, max_abs, rel))
     assert not bad, bad
 
 
 def test_a_given_decode_config_launches_with_all_its_options(monkeypatch):
-    "As for the forward kernel: a decode config's register cap reaches the launch."
+    "As for the forward kernel: a decode candidate's register cap reaches the launch."
     from test_attention import _RecordLaunch
     recorder = _RecordLaunch()
     monkeypatch.setattr(dec, "_decode_fwd", recorder)
     q, k, v = randn(2, 4, 1, 64), randn(2, 2, 100, 64), randn(2, 2, 100, 64)
-    config = dec.triton.Config(dict(BLOCK_N=32), num_warps=4, num_stages=3, maxnreg=96)
+    config = Candidate("decode", 0, 32, 4, 3, maxnreg=96)
     o, lse = torch.empty_like(q), torch.empty(2, 4, 1, device=q.device)
     _decode_forward(q, k, v, None, o, lse, True, 0.125, 1, config)
     assert {k: recorder.options[k] for k in ("BLOCK_N", "num_warps", "num_stages", "maxnreg")} == \
@@ -380,7 +383,7 @@ def test_decode_launch_passes_triton_3_6s_launcher_arguments(monkeypatch):
     split_args = first + list(range(200, len(dec._DECODE_FWD_ARGS) - len(first) + 200))   # scalars and constants: markers
     combine_args = [first[3], first[4], torch.empty(2, 4, 1, 64), torch.empty(2, 4, 1)] + list(range(300, 310))
     assert len(combine_args) == len(dec._COMBINE_ARGS)
-    plan = dec._DecodeLaunch(split_kernel, 16, split_args, combine_kernel, 8, combine_args)
+    plan = fast._DecodeLaunch(split_kernel, 16, split_args, combine_kernel, 8, combine_args)
     new = [randn(2, 4, 1, 64), randn(2, 2, 100, 64), randn(2, 2, 100, 64), torch.zeros(2, dtype=torch.int32),
            torch.empty(3, 2, 4, 1, 64), torch.empty(3, 2, 4, 1), torch.empty(2, 4, 1, 64), torch.empty(2, 4, 1)]
     q, k, v, seqlens, o_part, lse_part, o, lse = new
@@ -391,7 +394,7 @@ def test_decode_launch_passes_triton_3_6s_launcher_arguments(monkeypatch):
     same = lambda got, want: len(got) == len(want) and all(a is b or a == b for a, b in zip(got, want))
     assert len(split_calls) == 1 and same(split_calls[0], want_split)
     assert len(combine_calls) == 1 and same(combine_calls[0], want_combine)
-    unsplit = dec._DecodeLaunch(split_kernel, 16, split_args, None, 0, combine_args)   # S = 1: the split kernel alone
+    unsplit = fast._DecodeLaunch(split_kernel, 16, split_args, None, 0, combine_args)   # S = 1: the split kernel alone
     unsplit(*new)
     assert len(split_calls) == 2 and len(combine_calls) == 1
 
@@ -400,7 +403,7 @@ def test_decode_plan_key_separates_what_triton_specialises_on():
     "Two calls share a saved launch only if everything but the data pointers' values agrees."
     q, k = randn(2, 4, 1, 64), randn(2, 2, 100, 64)
     o, lse, seqlens = torch.empty_like(q), torch.empty(2, 4, 1), torch.tensor([5, 100], dtype=torch.int32)
-    key = lambda *a, **kw: dec._decode_plan_key(*a, **kw)
+    key = lambda *a, **kw: fast._decode_plan_key(*a, **kw)
     base = key(q, k, k, None, o, lse, True, 0.125, 3)
     assert base == key(randn(2, 4, 1, 64), randn(2, 2, 100, 64), k, None, torch.empty_like(q), torch.empty(2, 4, 1), True, 0.125, 3)
     others = [key(q, k, k, seqlens, o, lse, True, 0.125, 3),                               # lengths given
@@ -428,10 +431,10 @@ DECODE_PLAN_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_saved_decode_launches(shape, lengths, layout, dtype, monkeypatch):
     B, Hq, Hkv, Lq, Lmax, D = shape
-    monkeypatch.setattr(dec, "_DECODE_PLANS", {})
+    monkeypatch.setattr(dispatch, "_DECODE_PLANS", {})
     calls = []
-    original = dec._DecodeLaunch.__call__
-    monkeypatch.setattr(dec._DecodeLaunch, "__call__", lambda self, *a: (calls.append(len(self.launches)), original(self, *a))[1])
+    original = fast._DecodeLaunch.__call__
+    monkeypatch.setattr(fast._DecodeLaunch, "__call__", lambda self, *a: (calls.append(len(self.launches)), original(self, *a))[1])
     splits = _choose_num_splits(B, Hkv, Hq // Hkv * Lq, Lmax, torch.device("cuda"))
     for _ in range(3):
         seqlens = None
@@ -457,10 +460,10 @@ def test_gpu_saved_decode_launches(shape, lengths, layout, dtype, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_saved_decode_launch_on_another_stream(monkeypatch):
     "The saved launch runs on the caller's current stream, as Triton's would."
-    monkeypatch.setattr(dec, "_DECODE_PLANS", {})
+    monkeypatch.setattr(dispatch, "_DECODE_PLANS", {})
     q, k, v = randn(2, 32, 1, 128, dtype=torch.bfloat16), randn(2, 8, 4096, 128, dtype=torch.bfloat16), randn(2, 8, 4096, 128, dtype=torch.bfloat16)
     o = decode(q, k, v); decode(q, k, v)
-    assert dec._DECODE_PLANS and all(dec._DECODE_PLANS.values())
+    assert dispatch._DECODE_PLANS and all(dispatch._DECODE_PLANS.values())
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

@@ -4,7 +4,10 @@ import pytest
 import torch
 
 import triton_fa2.forward as fwd
-from triton_fa2.forward import _attention_forward, _should_pack_gqa, attention
+import triton_fa2.ops as ops
+from triton_fa2.dispatch import _attention_forward
+from triton_fa2.forward import _should_pack_gqa
+from triton_fa2.interface import attention
 from triton_fa2.naive import attention_ref
 from test_attention import DTYPES, LSE_TOL, TOL, errors, randn
 
@@ -65,11 +68,11 @@ def test_pack_rule():
 def test_attention_packs_small_lq_and_never_copies_kv(monkeypatch):
     "attention() chooses the packed layout for decode-like shapes, and K/V reach the kernel as the caller's tensors."
     seen = {}
-    real = fwd._attention_forward
+    real = ops._attention_forward
     def spy(q_, k_, v_, o_, lse_, causal, scale, config=None, pack_gqa=None):
         seen.update(k=k_.data_ptr(), v=v_.data_ptr(), pack=fwd._should_pack_gqa(q_.shape[2], q_.shape[1] // k_.shape[1]))
         return real(q_, k_, v_, o_, lse_, causal, scale, config, pack_gqa)
-    monkeypatch.setattr(fwd, "_attention_forward", spy)
+    monkeypatch.setattr(ops, "_attention_forward", spy)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **kw: pytest.fail("K/V were repeated"))
     q, k, v = randn(2, 8, 1, 64), randn(2, 2, 45, 64), randn(2, 2, 45, 64)
     o = attention(q, k, v, causal=True)

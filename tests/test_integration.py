@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import triton_fa2
-from triton_fa2.forward import _attention_op
-from triton_fa2.split_kv import _decode_op
+from triton_fa2.ops import _attention_op, _decode_op
 from test_attention import DEVICE, randn
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install 'triton_fa2[hf]'")

@@ -2,17 +2,20 @@
 shared memory of any config, through descriptors or pointers, in seconds and without device time. Nothing runs; timing still needs the H200.
 
     python tools/compile_sm90.py --all [--workers 2]     # every kernel and config the package ships; exit 1 on a spill or an error
+    python tools/compile_sm90.py --all --fingerprint before.json    # … and the SASS hash of each, to a JSON file
+    python tools/compile_sm90.py --all --compare before.json        # … exit 1 where the SASS differs (a refactor that should not change a kernel)
     python tools/compile_sm90.py --config "128,64,4,2;64,64,4,3" [--pointers] [--causal] [--fp16] [--shape B,H,N,D] [--ttgir]
 
-Arguments are built as `_attention_forward` builds them (CPU tensors stand in for GPU ones: same dtypes, strides and
+Arguments are built as the kernels' own `launch` functions build them (CPU tensors stand in for GPU ones: same dtypes, strides and
 16-byte alignment), so the specialisation is the one the GPU compiles."""
 import os
 os.environ["TRITON_INTERPRET"] = "0"          # compile, do not interpret (triton_fa2 would choose the interpreter)
-import argparse, concurrent.futures, contextlib, csv, datetime, re, sys, traceback
+import argparse, concurrent.futures, contextlib, csv, datetime, hashlib, json, re, sys, traceback
 import torch, triton
 import triton_fa2.forward as fwd
 import triton_fa2.split_kv as split_kv
-from triton_fa2 import gluon
+from triton_fa2 import candidates, gluon
+from triton_fa2.candidates import Candidate
 from triton_fa2.runtime import compile_for_gpu, cuobjdump, resource_usage
 
 H200_SMEM = 232448   # bytes of shared memory a block may use on sm_90
@@ -40,22 +43,16 @@ def offline(module, *names):
 def compile_forward(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(128, 64, 8, 3), use_tma=True):
     "Compile `_attn_fwd` for one shape, config (BLOCK_M, BLOCK_N, warps, stages) and tile source; the CompiledKernel."
     q, k, v = (torch.empty(B, H, N, D, dtype=dtype) for _ in range(3))
-    o, lse = torch.empty_like(q), torch.empty(B, H, N)
-    m, n, w, s = config
-    cfg = triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, pre_hook=fwd._set_descriptor_blocks)
     with offline(fwd, "_attn_fwd") as (kernel,):
-        fwd._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=cfg, pack_gqa=False, use_tma=use_tma)
+        fwd.launch(q, k, v, torch.empty_like(q), torch.empty(B, H, N), causal, D ** -0.5, Candidate("tl", *config), use_tma=use_tma)
     return kernel.compiled[0]
 
 
 def compile_packed(B=2, Hq=32, Hkv=8, N=64, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3)):
     "Compile `_attn_fwd` on its pointer path, the query heads of a KV head packed into one block (GQA with few rows)."
     q, k, v = torch.empty(B, Hq, N, D, dtype=dtype), torch.empty(B, Hkv, N, D, dtype=dtype), torch.empty(B, Hkv, N, D, dtype=dtype)
-    m, n, w, s = config
-    cfg = triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, pre_hook=fwd._set_descriptor_blocks)
     with offline(fwd, "_attn_fwd") as (kernel,):
-        fwd._attention_forward(q, k, v, torch.empty_like(q), torch.empty(B, Hq, N), causal, D ** -0.5, config=cfg,
-                               pack_gqa=True, use_tma=False)
+        fwd.launch(q, k, v, torch.empty_like(q), torch.empty(B, Hq, N), causal, D ** -0.5, Candidate("tl", *config), pack_gqa=True)
     return kernel.compiled[0]
 
 
@@ -63,58 +60,55 @@ def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat
     "Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits."
     q = torch.empty(B, Hq, Lq, D, dtype=dtype)
     k_cache, v_cache = (torch.empty(B, Hkv, Lmax, D, dtype=dtype) for _ in range(2))
-    n, w, s = config
+    o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq)
     with offline(split_kv, "_decode_fwd", "_combine_splits") as (split, combine):
-        split_kv._decode_forward(q, k_cache, v_cache, torch.full((B,), Lmax, dtype=torch.int32), torch.empty_like(q),
-                                 torch.empty(B, Hq, Lq), True, D ** -0.5, num_splits,
-                                 config=triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s))
+        split_kv.launch(q, k_cache, v_cache, torch.full((B,), Lmax, dtype=torch.int32), o, lse,
+                        *split_kv._partials(q, num_splits, o, lse), True, D ** -0.5, num_splits, Candidate("decode", 0, *config))
     return split.compiled[0], combine.compiled[0]
 
 
-def _as_h200():
-    "The autotuners' pruning asks the current GPU for its shared memory: answer as an H200 would."
-    fwd._max_smem = split_kv._max_smem = lambda device: H200_SMEM
-    torch.cuda.current_device = lambda: 0
-
-
 def shipped():
-    """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the autotuners'
-    own candidate tables and pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim
-    needs), through descriptors and packed through pointers; decode at D 128 and 256, with one query per sequence and
-    with 64 packed rows (GQA 8:1 over 8 queries); the combine; Gluon: every candidate at each of its head dims."""
-    _as_h200()
+    """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
+    tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
+    through descriptors and packed through pointers; decode at D 128 and 256, with one query per sequence and with 64
+    packed rows (GQA 8:1 over 8 queries); the combine; Gluon: every candidate at each of its head dims."""
     jobs = []
-    for D in (*fwd.TUNED_HEAD_DIMS, 256):
-        block_d = max(triton.next_power_of_2(D), 16)
+    for D in (*candidates.TUNED_HEAD_DIMS, 256):
         for pointers in (False, True):
-            for c in fwd._prune_configs(fwd._gpu_configs(), {}, HEAD_DIM=D, BLOCK_D=block_d, USE_TMA=not pointers):
-                config = fwd._shape(c)
+            for c in candidates.prefill_candidates(D, pointers, H200_SMEM):
                 path = "packed pointers" if pointers else "descriptors"
-                jobs.append((f"prefill {fwd._label(c)} D={D} {path}", ("packed" if pointers else "forward", D, config, None)))
+                config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+                jobs.append((f"prefill {c.label} D={D} {path}", ("packed" if pointers else "forward", D, config, None)))
     for Hkv, Lq in ((8, 1), (4, 8)):
         rows = 32 // Hkv * Lq
         for D in (128, 256):
-            configs = [triton.Config(dict(BLOCK_N=n), num_warps=w, num_stages=s) for n, w, s in split_kv._DECODE_CANDIDATES]
-            for c in split_kv._prune_decode_configs(configs, {}, BLOCK_M=split_kv._decode_block_m(rows),
-                                                    BLOCK_D=max(triton.next_power_of_2(D), 16)):
-                config = (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            for c in candidates.decode_candidates(split_kv._decode_block_m(rows), D, H200_SMEM):
+                config = (c.BLOCK_N, c.num_warps, c.num_stages)
                 jobs.append((f"decode BLOCK_N={config[0]} w{config[1]} s{config[2]} D={D} rows={rows} + combine",
                              ("decode", D, config, (Hkv, Lq))))
-    for config in gluon.CANDIDATES:
-        for D in config.head_dims: jobs.append((f"{config.label} D={D}", ("gluon", D, config, None)))
+    for c in candidates.PREFILL_GLUON:
+        for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
+            jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
     return jobs
 
 
 def compile_job(job) -> list:
-    "Compile one job of `shipped()`: [(kernel, resources)] for each kernel it launches."
+    "Compile one job of `shipped()`: [(kernel, resources and the SASS's hash)] for each kernel it launches."
     kind, D, config, heads = job
-    if kind == "forward": return [("_attn_fwd", resource_usage(compile_forward(D=D, config=config)))]
-    if kind == "packed": return [("_attn_fwd", resource_usage(compile_packed(D=D, config=config)))]
-    if kind == "decode":
+    if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
+    elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
+    elif kind == "decode":
         Hkv, Lq = heads
-        return [(n, resource_usage(k)) for n, k in zip(("_decode_fwd", "_combine_splits"),
-                                                        compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config))]
-    return [(config.label, resource_usage(gluon._compile_sm90(config, D=D)))]
+        kernels = list(zip(("_decode_fwd", "_combine_splits"), compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config)))
+    else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
+    return [(n, dict(resource_usage(k), sass=sass_hash(k))) for n, k in kernels]
+
+
+def sass_hash(kernel) -> str:
+    """A hash of the SASS with the kernel's parameter offsets (`c[0x0][0x...]`) blanked: a kernel that only gained or lost an
+    unused parameter hashes alike, any other change to its instructions does not."""
+    sass = re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[0x0][param]", cuobjdump(kernel))
+    return hashlib.sha256(sass.encode()).hexdigest()[:16]
 
 
 def _try(job):
@@ -122,20 +116,34 @@ def _try(job):
     except Exception as e: return None, "".join(traceback.format_exception_only(e))[-1500:]
 
 
-def check_all(workers:int=2) -> int:
-    "Compile everything `shipped()` lists for sm_90; print one line each; the number of spills and failures."
+def check_all(workers:int=2, fingerprint:str=None, compare:str=None) -> int:
+    """Compile everything `shipped()` lists for sm_90; print one line each; the number of spills and failures. With
+    `fingerprint`, write each launch's SASS hashes to that JSON file; with `compare`, count a launch whose SASS differs
+    from that file's as a failure too (launches it does not list are new, and said so)."""
     jobs = shipped()
+    before = json.load(open(compare)) if compare else None
+    hashes = {}
     print(f"Triton {triton.__version__}, torch {torch.__version__}: {len(jobs)} launches compiled for sm_90", flush=True)
     bad = 0
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         for (name, _), (done, error) in zip(jobs, pool.map(_try, [j for _, j in jobs])):
             if error: bad += 1; print(f"FAILED  {name}: {error}", flush=True); continue
+            hashes[name] = {kernel: r["sass"] for kernel, r in done}
+            if before is not None:
+                if name not in before: print(f"NEW     {name}: not in {compare}", flush=True)
+                elif before[name] != hashes[name]: bad += 1; print(f"CHANGED {name}: its SASS differs from {compare}", flush=True)
             for kernel, r in done:
                 spilled = bool(r["stack_bytes"])
                 bad += spilled
                 print(f"{'SPILLS' if spilled else 'ok':<7} {name}: {kernel} {r['registers']} registers, "
                       f"{r['stack_bytes']} B stack, {r['shared_kib']} KiB shared", flush=True)
-    print(f"{bad} of {len(jobs)} launches spill or fail to compile" if bad else f"all {len(jobs)} compile without spills")
+    if fingerprint:
+        with open(fingerprint, "w") as f: json.dump(hashes, f, indent=1, sort_keys=True)
+    if before is not None:
+        gone = sorted(set(before) - set(hashes))
+        if gone: print(f"{len(gone)} launches of {compare} are no longer shipped: " + "; ".join(gone))
+    print(f"{bad} of {len(jobs)} launches spill, fail to compile or changed" if bad else f"all {len(jobs)} compile without spills"
+          + (f", SASS as in {compare}" if compare else ""))
     return bad
 
 
@@ -196,6 +204,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(prog="python tools/compile_sm90.py")
     ap.add_argument("--all", action="store_true", help="compile every kernel and config the package ships; exit 1 on a spill or error")
     ap.add_argument("--workers", type=int, default=2, help="compiler processes for --all")
+    ap.add_argument("--fingerprint", help="with --all: write each launch's SASS sha256 to this JSON file")
+    ap.add_argument("--compare", help="with --all: fail where a launch's SASS differs from this --fingerprint file")
     ap.add_argument("--pointers", action="store_true", help="per-thread pointer loads instead of tensor descriptors")
     ap.add_argument("--config", default="128,64,8,3", help="BLOCK_M,BLOCK_N,num_warps,num_stages; ';' separates several")
     ap.add_argument("--shape", default="8,32,2048,128", help="B,H,N,D")
@@ -206,7 +216,7 @@ if __name__ == "__main__":
     ap.add_argument("--csv", help="append one row per config to this CSV (with Triton's version, the commit and the date)")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
-    if a.all: sys.exit(1 if check_all(a.workers) else 0)
+    if a.all: sys.exit(1 if check_all(a.workers, a.fingerprint, a.compare) else 0)
     path = "pointers" if a.pointers else "descriptors"
     B, H, N, D = map(int, a.shape.split(","))
     for config in a.config.split(";"):

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton_fa2
 from .naive import attention_ref
-from .forward import attention, MAX_HEAD_DIM
+from .interface import attention
+from .validation import MAX_HEAD_DIM
 
 # %% ../nbs/91_main.ipynb #5d6361f6
 TOLERANCES = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # max |o − o_ref| / max(1, |o_ref|max): a few ulps; 07 uses them too

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 import triton
 from .__main__ import TOLERANCES, version
 from .causal import attention_flops, causal_pairs
-from .forward import attention, warmup, _label
+from .interface import attention, warmup
 from .naive import attention_ref
-from .split_kv import decode
+from .interface import decode
 
 # %% ../nbs/07_benchmarks.ipynb #11bd0a05
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -222,7 +222,7 @@ def sampled_error(w:Workload, o, q, k, v, refs:dict=None) -> float:
 
 def tuned_config(w:Workload, q, k, v) -> str:
     "The tile config our autotuner picked for this prefill in this process, e.g. '64x64 w4 s3' (BLOCK_M×BLOCK_N, warps, stages)."
-    return _label(warmup(q, k, v, causal=w.causal))   # tuned already: warmup finds the pick (and runs it once)
+    return warmup(q, k, v, causal=w.causal).label   # tuned already: warmup finds the pick (and runs it once)
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
     row = dict.fromkeys(COLUMNS + EXTRA_COLUMNS, "")      # the CSV's column order

@@ -24,7 +24,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
-from .forward import LOG2E, _bench_candidate, _capability
+from .forward import LOG2E
+from .validation import _capability
 
 # Triton 3.8 named the TMA copies async_load and async_store, and 3.9 removed the old names: one instruction either way
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared

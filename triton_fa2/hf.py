@@ -9,8 +9,9 @@ __all__ = ['padding_mask', 'attention_forward', 'register']
 
 # %% ../nbs/10_integration.ipynb #5a34494f
 import torch
-from .forward import _attention_op, _check_inputs, _define_operator, _run_attention
-from .split_kv import decode
+from .ops import _attention_op, _define_operator, _run_attention
+from .validation import _check_inputs
+from .interface import decode
 
 # %% ../nbs/10_integration.ipynb #80776a62
 def _padding_lengths_impl(mask:torch.Tensor, padding_allowed:bool) -> torch.Tensor:

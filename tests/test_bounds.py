@@ -1,0 +1,79 @@
+"""One definition of which keys a block of query rows visits. The causal key bounds are `forward._kv_key_bounds`, a jit
+function that every kernel calls (the `tl` prefill kernel, the decode kernel, both Gluon kernels); this checks it
+against the PyTorch reference of chapter 02 (`tiling.kv_block_range`) on a grid of shapes, for plain and GQA-packed
+rows, and that no kernel module computes the bounds by itself."""
+import inspect
+import re
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import triton_fa2.forward as fwd
+import triton_fa2.split_kv as split_kv
+from triton_fa2.forward import _kv_key_bounds, _program_block, _q_block_rows
+from triton_fa2.runtime import default_device
+from triton_fa2.tiling import kv_block_range
+
+DEVICE = default_device()
+
+
+@triton.jit
+def _bounds_probe(OUT, seqlen_q, num_rows, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                  PACK_GQA: tl.constexpr):
+    start_m, _ = _program_block(tl.program_id(0), tl.cdiv(num_rows, BLOCK_M), CAUSAL)
+    rows, group_heads, positions, first_pos, last_pos = _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M, PACK_GQA)
+    full_end, end, fewest = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+    tl.store(OUT + 5 * start_m, full_end)
+    tl.store(OUT + 5 * start_m + 1, end)
+    tl.store(OUT + 5 * start_m + 2, fewest)
+    tl.store(OUT + 5 * start_m + 3, first_pos)
+    tl.store(OUT + 5 * start_m + 4, last_pos)
+
+
+def kernel_bounds(Lq, Lk, block_m, block_n, causal, group=1):
+    "(blocks, 5) int32 from the device: full_end, end, fewest, first and last query position of each Q block."
+    rows = Lq * group
+    out = torch.full((triton.cdiv(rows, block_m), 5), -7, dtype=torch.int32, device=DEVICE)
+    _bounds_probe[(out.shape[0],)](out, Lq, rows, Lk, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, PACK_GQA=group > 1)
+    return out.cpu().tolist()
+
+
+def reference_bounds(first_pos, last_pos, Lq, Lk, block_n, causal):
+    "From the definition: query i sees keys j ≤ i + Lk − Lq (causal), j < Lk always."
+    sees = lambda i: min(max(i + Lk - Lq + 1, 0), Lk) if causal else Lk
+    fewest, most = sees(first_pos), sees(last_pos)
+    return (fewest // block_n) * block_n, most, fewest
+
+
+SHAPES = [(1, 1), (1, 300), (300, 1), (64, 64), (100, 100), (128, 256), (256, 128), (300, 700), (700, 300), (77, 1000)]
+TILES = [(16, 16), (32, 16), (64, 32), (128, 64)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 3])          # 3: GQA-packed rows, blocks that span two heads
+def test_key_bounds_agree_with_the_definition_and_chapter_02(causal, group):
+    checked = 0
+    for Lq, Lk in SHAPES:
+        for bm, bn in TILES:
+            for m, (full_end, end, fewest, first, last) in enumerate(kernel_bounds(Lq, Lk, bm, bn, causal, group)):
+                assert (full_end, end, fewest) == reference_bounds(first, last, Lq, Lk, bn, causal), (Lq, Lk, bm, bn, m)
+                if group == 1:   # plain rows: the tiles of 02's kv_block_range, up to the partial last tile
+                    n_full, n_end = kv_block_range(m, Lq, Lk, bm, bn, causal=causal)
+                    assert full_end == min(n_full * bn, (Lk // bn) * bn) and triton.cdiv(end, bn) == n_end, (Lq, Lk, bm, bn, m)
+                checked += 1
+    assert checked > 200
+
+
+def test_no_kernel_computes_the_bounds_itself():
+    "Which keys a row sees (`position + Lk − Lq + 1`, clamped) is written once, in `_kv_key_bounds`; every kernel calls it."
+    sources = {"forward": inspect.getsource(fwd), "split_kv": inspect.getsource(split_kv)}
+    try:
+        from triton_fa2 import gluon
+        sources["gluon"] = inspect.getsource(gluon)
+    except Exception: pass   # no Gluon in this Triton: nothing to check
+    for name, source in sources.items():
+        bounds = len(re.findall(r"_pos \+ (?:diag_)?offset \+ 1", source))
+        assert bounds == (2 if name == "forward" else 0), (name, bounds)
+        if name != "forward": assert "_kv_key_bounds(" in source, name
