@@ -2,13 +2,15 @@
 shared memory of any config, through descriptors or pointers, in seconds and without device time. Nothing runs; timing still needs the H200.
 
     python tools/compile_sm90.py --all [--workers 2]     # every kernel and config the package ships; exit 1 on a spill or an error
+    python tools/compile_sm90.py --all --fingerprint before.json    # … and the SASS hash of each, to a JSON file
+    python tools/compile_sm90.py --all --compare before.json        # … exit 1 where the SASS differs (a refactor that should not change a kernel)
     python tools/compile_sm90.py --config "128,64,4,2;64,64,4,3" [--pointers] [--causal] [--fp16] [--shape B,H,N,D] [--ttgir]
 
 Arguments are built as `_attention_forward` builds them (CPU tensors stand in for GPU ones: same dtypes, strides and
 16-byte alignment), so the specialisation is the one the GPU compiles."""
 import os
 os.environ["TRITON_INTERPRET"] = "0"          # compile, do not interpret (triton_fa2 would choose the interpreter)
-import argparse, concurrent.futures, contextlib, csv, datetime, re, sys, traceback
+import argparse, concurrent.futures, contextlib, csv, datetime, hashlib, json, re, sys, traceback
 import torch, triton
 import triton_fa2.forward as fwd
 import triton_fa2.split_kv as split_kv
@@ -106,15 +108,22 @@ def shipped():
 
 
 def compile_job(job) -> list:
-    "Compile one job of `shipped()`: [(kernel, resources)] for each kernel it launches."
+    "Compile one job of `shipped()`: [(kernel, resources and the SASS's sha256)] for each kernel it launches."
     kind, D, config, heads = job
-    if kind == "forward": return [("_attn_fwd", resource_usage(compile_forward(D=D, config=config)))]
-    if kind == "packed": return [("_attn_fwd", resource_usage(compile_packed(D=D, config=config)))]
-    if kind == "decode":
+    if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
+    elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
+    elif kind == "decode":
         Hkv, Lq = heads
-        return [(n, resource_usage(k)) for n, k in zip(("_decode_fwd", "_combine_splits"),
-                                                        compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config))]
-    return [(config.label, resource_usage(gluon._compile_sm90(config, D=D)))]
+        kernels = list(zip(("_decode_fwd", "_combine_splits"), compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config)))
+    else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
+    return [(n, dict(resource_usage(k), sass=sass_hash(k))) for n, k in kernels]
+
+
+def sass_hash(kernel) -> str:
+    """A hash of the SASS with the kernel's parameter offsets (`c[0x0][0x...]`) blanked: a kernel that only gained or lost an
+    unused parameter hashes alike, any other change to its instructions does not."""
+    sass = re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[0x0][param]", cuobjdump(kernel))
+    return hashlib.sha256(sass.encode()).hexdigest()[:16]
 
 
 def _try(job):
@@ -122,20 +131,34 @@ def _try(job):
     except Exception as e: return None, "".join(traceback.format_exception_only(e))[-1500:]
 
 
-def check_all(workers:int=2) -> int:
-    "Compile everything `shipped()` lists for sm_90; print one line each; the number of spills and failures."
+def check_all(workers:int=2, fingerprint:str=None, compare:str=None) -> int:
+    """Compile everything `shipped()` lists for sm_90; print one line each; the number of spills and failures. With
+    `fingerprint`, write each launch's SASS hashes to that JSON file; with `compare`, count a launch whose SASS differs
+    from that file's as a failure too (launches it does not list are new, and said so)."""
     jobs = shipped()
+    before = json.load(open(compare)) if compare else None
+    hashes = {}
     print(f"Triton {triton.__version__}, torch {torch.__version__}: {len(jobs)} launches compiled for sm_90", flush=True)
     bad = 0
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         for (name, _), (done, error) in zip(jobs, pool.map(_try, [j for _, j in jobs])):
             if error: bad += 1; print(f"FAILED  {name}: {error}", flush=True); continue
+            hashes[name] = {kernel: r["sass"] for kernel, r in done}
+            if before is not None:
+                if name not in before: print(f"NEW     {name}: not in {compare}", flush=True)
+                elif before[name] != hashes[name]: bad += 1; print(f"CHANGED {name}: its SASS differs from {compare}", flush=True)
             for kernel, r in done:
                 spilled = bool(r["stack_bytes"])
                 bad += spilled
                 print(f"{'SPILLS' if spilled else 'ok':<7} {name}: {kernel} {r['registers']} registers, "
                       f"{r['stack_bytes']} B stack, {r['shared_kib']} KiB shared", flush=True)
-    print(f"{bad} of {len(jobs)} launches spill or fail to compile" if bad else f"all {len(jobs)} compile without spills")
+    if fingerprint:
+        with open(fingerprint, "w") as f: json.dump(hashes, f, indent=1, sort_keys=True)
+    if before is not None:
+        gone = sorted(set(before) - set(hashes))
+        if gone: print(f"{len(gone)} launches of {compare} are no longer shipped: " + "; ".join(gone))
+    print(f"{bad} of {len(jobs)} launches spill, fail to compile or changed" if bad else f"all {len(jobs)} compile without spills"
+          + (f", SASS as in {compare}" if compare else ""))
     return bad
 
 
@@ -196,6 +219,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(prog="python tools/compile_sm90.py")
     ap.add_argument("--all", action="store_true", help="compile every kernel and config the package ships; exit 1 on a spill or error")
     ap.add_argument("--workers", type=int, default=2, help="compiler processes for --all")
+    ap.add_argument("--fingerprint", help="with --all: write each launch's SASS sha256 to this JSON file")
+    ap.add_argument("--compare", help="with --all: fail where a launch's SASS differs from this --fingerprint file")
     ap.add_argument("--pointers", action="store_true", help="per-thread pointer loads instead of tensor descriptors")
     ap.add_argument("--config", default="128,64,8,3", help="BLOCK_M,BLOCK_N,num_warps,num_stages; ';' separates several")
     ap.add_argument("--shape", default="8,32,2048,128", help="B,H,N,D")
@@ -206,7 +231,7 @@ if __name__ == "__main__":
     ap.add_argument("--csv", help="append one row per config to this CSV (with Triton's version, the commit and the date)")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
-    if a.all: sys.exit(1 if check_all(a.workers) else 0)
+    if a.all: sys.exit(1 if check_all(a.workers, a.fingerprint, a.compare) else 0)
     path = "pointers" if a.pointers else "descriptors"
     B, H, N, D = map(int, a.shape.split(","))
     for config in a.config.split(";"):
