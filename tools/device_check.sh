@@ -14,7 +14,7 @@ export JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert's templates, installed 
 } 2>&1 | tee "$OUT/env.txt"
 status=0
 [ -n "${SKIP_NBDEV:-}" ] || { echo "== nbdev-test --flags gpu"; nbdev-test --flags gpu --do-print 2>&1 | tee "$OUT/nbdev_test_gpu.log" || status=1; }
-# PYTEST_ARGS selects tests, e.g. '-m "not gpu"' or '-m gpu' to split a long run across two device calls.
+# PYTEST_ARGS selects tests, e.g. '-m "not gpu"' or '-m gpu' to split a long run across two commands on the device.
 echo "== pytest ${PYTEST_ARGS:-}"; eval python3 -m pytest -q -rs --durations=15 "${PYTEST_ARGS:-}" 2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 echo "== python -m triton_fa2"; python3 -m triton_fa2 --batch 4 --heads 16 --seqlen 2048 --head-dim 128 2>&1 | tee "$OUT/main_gpu.log" || status=1
 exit $status

@@ -1,14 +1,11 @@
-"""Issue 6 experiment (GPU): both tile sources (tensor descriptors, pointers) × every candidate config × a few extra
-configs on five prefill shapes, each launch checked against SDPA's FLASH backend before it is timed. Prints the best
-config per (shape, path) and writes every row.
+"""Kernel variants on the GPU (notebook 09): both tile sources (tensor descriptors, pointers) × every candidate config ×
+a few extra configs on a few prefill shapes, each launch checked against SDPA's FLASH backend before it is timed in
+short bursts (`do_bench` with 10 ms of warm-up and 50 ms of timed calls). Prints the best config per (shape, variant)
+and writes every row, with the GPU, versions, commit and date.
 
     PYTHONPATH=. python3 tools/experiment_hopper.py --out $OUT/hopper_paths.csv --seconds 300 --commit SHA --workers 15
 
-The variants measured during issue 6 (folded scale, longest-first, warp specialisation, the overlapped S, the lazy
-rescale) were flags of the kernel at commits 9bd1e35, 3933cb5 and 89852d3 (`--paths descriptors,descriptors+lazy`), run by this script as it was then; results/issue6/ keeps their CSVs and
-notes/performance.md their predictions and outcomes.
-
-Third round: extra configs may carry a register cap (a fifth number, Triton's `maxnreg`), to fit two 8-warp programs on
+Extra configs may carry a register cap (a fifth number, Triton's `maxnreg`), e.g. to fit two 8-warp programs on
 an SM; `--paths descriptors+gemm_only` (alone in its process) replaces the softmax by one multiply per score, which
 gives wrong answers (not checked) and the loop's time without the softmax: a ceiling for what cheaper softmax could give;
 `--paths descriptors+fixed_max` keeps the exponentials, masks and sum but not the running max and its rescale;
@@ -34,7 +31,7 @@ PATHS = [{"use_tma": True, "fixed_max": True}, {"use_tma": False, "fixed_max": T
 
 def variant_of(name):
     """'descriptors', 'pointers' (the kernel as shipped: each row's maximum fixed by the masked run), 'descriptors+online'
-    (the running maximum on every tile), 'descriptors+gemm_only', 'descriptors+fixed_max' (run 7's swap: a maximum fixed
+    (the running maximum on every tile), 'descriptors+gemm_only', 'descriptors+fixed_max' (a maximum fixed
     at 8, right on random inputs only) or 'descriptors+persistent': keyword arguments of _attention_forward."""
     swap = name.removeprefix("descriptors+")
     assert name in ("descriptors", "pointers", "descriptors+online") or swap in SWAPS, name

@@ -1,4 +1,4 @@
-"""The honest starting point (issue 3): the money shot (B=8, H=32, N=2048, D=128, bf16) causal and not, our kernel
+"""The money shot (B=8, H=32, N=2048, D=128), causal and not, bf16 and fp16: our kernel
 against SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends, one process, same inputs.
 
 Median of triton.testing.do_bench after a warm-up that includes compilation and autotuning; each provider is checked

@@ -4,7 +4,7 @@ results/gqa.csv: GQA by indexing (ours, packed rows where the rule picks them, a
 materialising repeated K/V first (`repeat_interleave`, then the same kernel as MHA, with and without the copy in the
 time) and against SDPA's FLASH_ATTENTION backend with enable_gqa; K/V bytes read and the extra memory each needs.
 
-results/decode_bandwidth.csv: decode (Lq = 1, full caches) at the issue's shapes and over Lk, ours (num_splits by
+results/decode_bandwidth.csv: decode (Lq = 1, full caches) at the four target shapes (`sweep=issue`) and over Lk, ours (num_splits by
 the heuristic, and forced to 1) against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends; bandwidth = bytes of
 q, k, v, o over the median time, next to the device-to-device copy ceiling measured here.
 

@@ -6,7 +6,7 @@
       --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
       python3 tools/profile_money_shot.py run --sass sass.json > ncu_raw.csv   # one profiled launch of ours, SDPA-FA2 and cuDNN
   python3 tools/profile_money_shot.py extract ncu_raw.csv --sass sass.json --commit SHA  # → results/ncu.csv
-  (extracting elsewhere: add --meta-from results/raw.csv, the sweep of the same device call, for GPU, versions, date)
+  (extracting elsewhere: add --meta-from results/raw.csv, a sweep run on the same machine at the same commit, for GPU, versions, date)
 
 On Hopper the "hmma" tensor pipe counts warpgroup MMAs (HGMMA) as well as mma.sync (HMMA): it is the tensor pipe's
 activity. Which instruction a kernel uses is read from its SASS: `run --sass` disassembles the one compiled kernel of the
@@ -32,7 +32,7 @@ KEEP = {  # ncu "Metric Name" → our column name
 
 def meta(commit, from_csv=None):
     """GPU, versions, commit and date of this run. Off the GPU machine (extracting a copied ncu CSV), they are read from
-    `from_csv` instead: a results CSV written in the same device call (its first row of `commit`)."""
+    `from_csv` instead: a results CSV written on the same machine at the same commit (its first row of `commit`)."""
     if from_csv:
         row = next(r for r in csv.DictReader(open(from_csv)) if r["commit"] == commit)
         return dict(gpu=row["gpu"], torch=row["torch"], triton=row["triton"], commit=commit, date=row["date"])

@@ -3,7 +3,7 @@
 # takes longer. Each call measures only the (provider, workload) pairs that results/raw.csv does not yet hold for this
 # commit, writes each workload's rows as soon as they are measured, and is stopped after SWEEP_SECONDS. Copy the
 # returned $OUT/results/raw.csv to results/ and call again until it prints "sweep complete".
-#   COMMIT=<sha> SWEEP_SECONDS=480 [RAW=results/issue6/raw_<sha>_partial.csv] bash tools/sweep_h200.sh
+#   COMMIT=<sha> SWEEP_SECONDS=480 [RAW=results/raw_next.csv] bash tools/sweep_h200.sh
 # RAW (default results/raw.csv) is the file resumed from: a new sweep can grow beside the published one.
 # Carry .whl (../shared/device/wheels.sh tqdm) so the bench extras (tqdm; the device has pandas, matplotlib) import. The log gets one JSON line per confirmed
 # autotune key (TRITON_FA2_PRINT_TUNING), to read a pick afterwards.
