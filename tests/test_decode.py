@@ -275,7 +275,7 @@ def test_decode_causal_heads_and_layout():
 @pytest.mark.parametrize("Lq", [1, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_decode_shapes(B, Hq, Hkv, Lmax, D, Lq, dtype):
-    "The issue's decode shapes, ragged lengths (1 and Lmax included), NaN past them; sampled sequences vs float32."
+    "Serving's decode shapes, ragged lengths (1 and Lmax included), NaN past them; sampled sequences vs float32."
     seqlens = torch.randint(1, Lmax + 1, (B,), device="cuda", dtype=torch.int32)
     seqlens[0], seqlens[-1] = (1, Lmax) if B > 1 else (Lmax, Lmax)
     q = randn(B, Hq, Lq, D, dtype=dtype)

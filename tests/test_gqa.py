@@ -84,7 +84,7 @@ def test_attention_packs_small_lq_and_never_copies_kv(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_gqa_prefill(dtype):
-    "The issue's GQA prefill (4, 32/8, 4096, 128) causal: sampled heads against float32, all against SDPA's FA2."
+    "A Llama-style GQA prefill (4, 32/8, 4096, 128) causal: sampled heads against float32, all against SDPA's FA2."
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from test_attention import check_sampled

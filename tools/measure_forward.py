@@ -15,7 +15,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from triton_fa2.causal import attention_flops
-from triton_fa2.forward import attention, warmup
+from triton_fa2.interface import attention, warmup
 from triton_fa2.naive import attention_ref
 
 COLUMNS = ["provider", "op", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal",
@@ -55,7 +55,7 @@ def main():
         for dtype in (torch.bfloat16, torch.float16):
             torch.manual_seed(0)
             q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
-            config = str(warmup(q, k, v, causal=causal))
+            config = warmup(q, k, v, causal=causal).label
             flops = attention_flops(B, H, N, N, D, causal)
             for name, fn in PROVIDERS.items():
                 o = fn(q, k, v, causal)                         # warm-up, and the output we check

@@ -23,8 +23,9 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from triton_fa2.causal import attention_flops
-from triton_fa2.split_kv import _choose_num_splits, decode
-from triton_fa2.forward import _attention_forward, attention
+from triton_fa2.dispatch import _attention_forward
+from triton_fa2.interface import attention, decode
+from triton_fa2.split_kv import _choose_num_splits
 from triton_fa2.naive import attention_ref
 
 HEAD = ["provider", "op", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal",

@@ -53,7 +53,7 @@ def ceilings(commit, out):
 def run(sass_out=None):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton_fa2.forward import attention, warmup
+    from triton_fa2.interface import attention, warmup
     q, k, v = (torch.randn(MONEY["B"], MONEY["H"], MONEY["N"], MONEY["D"], device="cuda", dtype=torch.bfloat16) for _ in range(3))
     config = warmup(q, k, v, causal=True)
     print("config:", config, file=sys.stderr)
@@ -69,16 +69,16 @@ def run(sass_out=None):
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     if sass_out:   # outside the profiled range: compile the chosen config alone and count its matrix instructions
-        from triton_fa2 import forward
-        kernel = (forward._attn_fwd if isinstance(config, triton.Config) else          # the Gluon kernels on sm_90
-                  forward._gluon._attn_fwd_ws if config.WARP_SPECIALIZE else forward._gluon._attn_fwd_gluon)
+        from triton_fa2 import dispatch, forward
+        kernel = (forward._attn_fwd if config.kernel == "tl" else          # the Gluon kernels on sm_90
+                  dispatch._gluon._attn_fwd_ws if config.WARP_SPECIALIZE else dispatch._gluon._attn_fwd_gluon)
         kernel.device_caches.clear()
         o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
-        forward._attention_forward(q, k, v, o, lse, causal=True, scale=q.shape[-1] ** -0.5, config=config)
+        dispatch._attention_forward(q, k, v, o, lse, causal=True, scale=q.shape[-1] ** -0.5, config=config)
         kernels = [kern for cache in kernel.device_caches.values() for kern in cache[0].values()]
         assert len(kernels) == 1, f"expected the one kernel of the chosen config, found {len(kernels)}"
         sass = kernels[0].asm["sass"]
-        counts = dict(config=str(config), sass_hgmma=len(re.findall(r"\bHGMMA\.", sass)), sass_hmma=len(re.findall(r"\bHMMA\.", sass)))
+        counts = dict(config=config.label, sass_hgmma=len(re.findall(r"\bHGMMA\.", sass)), sass_hmma=len(re.findall(r"\bHMMA\.", sass)))
         pathlib.Path(sass_out).write_text(json.dumps(counts))
         print("SASS:", counts, file=sys.stderr)
 
