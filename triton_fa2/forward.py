@@ -1,4 +1,4 @@
-"""`02_tiling`'s loops as one Triton kernel: a program per (Q block, batch, head), K/V tiles streamed through a float32 online softmax in base 2, one division at the end; the public `attention` and the drop-in `flash_attn_func`, validated, autotuned, exact on every shape.
+"""`02_tiling`'s loops as one Triton kernel, built in steps: a minimal kernel first (a program per Q block, a float32 online softmax in base 2, one division at the end), then what the real `_attn_fwd` adds: masks for ragged lengths and causal attention, packed GQA rows, tensor descriptors, a fixed maximum, a folded scale, and bf16 under the interpreter.
 
 Docs: https://triton-fa2.github.io/triton_fa2/triton_forward.html.md"""
 
