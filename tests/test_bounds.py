@@ -77,3 +77,31 @@ def test_no_kernel_computes_the_bounds_itself():
         bounds = len(re.findall(r"_pos \+ (?:diag_)?offset \+ 1", source))
         assert bounds == (2 if name == "forward" else 0), (name, bounds)
         if name != "forward": assert "_kv_key_bounds(" in source, name
+
+
+@pytest.mark.gpu
+def test_gpu_the_gluon_kernels_plan_the_same_tiles():
+    "The Gluon kernels' tile plan (`gluon._key_plan`, on `_kv_key_bounds`), run on an H200, against the definition."
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)): pytest.skip("Gluon runs on sm_90")
+    from triton.experimental import gluon as gluon_lang
+    from triton.experimental.gluon import language as gl
+    from triton_fa2.gluon import _key_plan
+
+    @gluon_lang.jit
+    def probe(OUT, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        start_m, _ = _program_block(gl.program_id(0), gl.cdiv(seqlen_q, BLOCK_M), CAUSAL)
+        end, full_end, online_lo, n_online, n_fixed = _key_plan(start_m * BLOCK_M, seqlen_q, seqlen_k, BLOCK_M=BLOCK_M,
+                                                                BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
+        gl.store(OUT + 3 * start_m, full_end)
+        gl.store(OUT + 3 * start_m + 1, end)
+        gl.store(OUT + 3 * start_m + 2, (n_online + n_fixed) * BLOCK_N)
+
+    for causal in (False, True):
+        for Lq, Lk in SHAPES:
+            for bm, bn in ((64, 64), (128, 128)):
+                out = torch.full((triton.cdiv(Lq, bm), 3), -7, dtype=torch.int32, device="cuda")
+                probe[(out.shape[0],)](out, Lq, Lk, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, num_warps=4)
+                for m, (full_end, end, loaded) in enumerate(out.cpu().tolist()):
+                    want_full, want_end, _ = reference_bounds(m * bm, min(m * bm + bm, Lq) - 1, Lq, Lk, bn, causal)
+                    assert (full_end, end) == (want_full, want_end), (Lq, Lk, bm, bn, m)
+                    assert loaded >= end and loaded - end < 2 * bn, (Lq, Lk, bm, bn, m)   # every visible key, whole tiles

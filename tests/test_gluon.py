@@ -1,16 +1,22 @@
-"""The Gluon kernel (notebook 11): on sm_90 a second set of autotune candidates beside `_attn_fwd`. CPU (CI): each
+"""The Gluon kernels (notebook 11): on sm_90 more candidates beside `_attn_fwd`'s, chosen by the dispatcher. CPU (CI): each
 candidate compiled for sm_90 (no spill, no register touched under a running wgmma), the hazard scan itself, and the
 dispatch in `_attention_forward` with a stand-in kernel. GPU (H200): every candidate against float64 on odd shapes, the
-fixed maximum's overflow fallback, GQA, Lq ≠ Lk, flash-attn's strided layout, a negative scale, the autotuner's pick
+fixed maximum's overflow fallback, GQA, Lq ≠ Lk, flash-attn's strided layout, a negative scale, the dispatcher's pick
 and its saved launch.
 """
 import os
 import pytest
 import torch
 
-import triton_fa2.forward as fwd
+import triton_fa2.dispatch as dispatch
 from triton_fa2 import gluon
-from triton_fa2.gluon import CANDIDATES, GluonConfig, applies, sm90_reports, wgmma_hazards
+from triton_fa2.candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, WARP_SPECIALIZED_HEAD_DIMS, Candidate
+from triton_fa2.gluon import applies, sm90_reports, wgmma_hazards
+from triton_fa2.interface import attention
+
+CANDIDATES = PREFILL_GLUON
+GluonConfig = lambda BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=4, **flags: Candidate("gluon", BLOCK_M, BLOCK_N, num_warps, STAGES, **flags)
+head_dims = lambda c: WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else GLUON_HEAD_DIMS
 from triton_fa2.naive import attention_ref
 from test_attention import LSE_TOL, TOL, errors, randn
 from test_tma import check_path
@@ -41,7 +47,7 @@ def test_the_hazard_scan_finds_a_read_under_a_running_wgmma():
 @pytest.mark.parametrize("D, causal, dtype", [(128, True, torch.bfloat16),   # the money shot's kernels: the most registers
                                               (64, False, torch.float16)])   # the other head dim, the other dtype
 def test_every_candidate_compiles_for_sm90_without_spills_or_hazards(D, causal, dtype):
-    candidates = [c for c in CANDIDATES if D in c.head_dims]
+    candidates = [c for c in CANDIDATES if D in head_dims(c)]
     assert any(c.WARP_SPECIALIZE for c in candidates) == (D == 128)     # the ws kernel is a candidate at D = 128 only
     for config, r in zip(candidates, sm90_reports(candidates, D, causal, dtype)):
         assert r["stack_bytes"] == 0 and r["registers"] <= 255, r       # nothing spilled to local memory
@@ -77,17 +83,16 @@ def test_where_the_gluon_kernel_applies():
     assert not applies(q, 64, True, False, True) or on_h100_class      # a CPU tensor, the interpreter, another GPU: never
     assert [c.label for c in CANDIDATES] == ["gluon 64x64 w4 s2 qreg", "gluon 64x64 w4 s2", "gluon 64x64 w4 s2 qreg psmem",
                                              "gluon ws 128x128 s2 pingpong"]   # what ships
-    assert GluonConfig(64, 64, 2, 4, True).label == "gluon 64x64 w4 s2 qreg" == fwd._label(CANDIDATES[0])
-    assert fwd._shape(GluonConfig(128, 64, 3, 8)) == (128, 64, 8, 3)
+    assert GluonConfig(64, 64, 2, 4, Q_IN_REGS=True).label == "gluon 64x64 w4 s2 qreg" == CANDIDATES[0].label
     named, grid = gluon._arguments(*(torch.empty(2, 8, 100, 64, dtype=torch.bfloat16) for _ in range(4)),
                                    torch.empty(2, 8, 100), True, 0.125, GluonConfig(64, 64, 2, 4))
     assert grid == 2 * 2 * 8 and named["group_size"] == 1 and named["seqlen_q"] == 100
     ws = GluonConfig(128, 128, 2, 4, P_SMEM=True, WARP_SPECIALIZE=True, PINGPONG=True)
-    assert ws.label == "gluon ws 128x128 s2 pingpong" and ws in CANDIDATES and ws.head_dims == (128,)
+    assert ws.label == "gluon ws 128x128 s2 pingpong" and ws in CANDIDATES and head_dims(ws) == (128,)
     named, grid = gluon._arguments(*(torch.empty(2, 8, 100, 128, dtype=torch.bfloat16) for _ in range(4)),
                                    torch.empty(2, 8, 100), True, 0.125, ws)
     assert grid == 1 * 2 * 8 and named["q_desc"].block_shape == [1, 1, 64, 128] and named["k_desc"].block_shape == [1, 1, 128, 128]
-    # `_Launch` finds qk_scale by `ARG_NAMES` for either kernel: their arguments agree up to it
+    # a saved launch finds qk_scale by the kernel's parameter names, which agree up to it for both kernels
     at = gluon.ARG_NAMES.index("qk_scale")
     assert gluon.WS_ARG_NAMES[:at + 1] == gluon.ARG_NAMES[:at + 1]
 
@@ -98,44 +103,42 @@ def test_the_dispatch_runs_a_gluon_pick_and_refuses_it_where_it_cannot_run(monke
     o, lse = torch.empty_like(q), torch.empty(1, 2, 40, device=q.device)
     config = GluonConfig()
     with pytest.raises(ValueError, match="runs only on sm_90"):
-        fwd._attention_forward(q, k, v, o, lse, True, 0.125, config=config)
+        dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=config)
     launched = []
     def stand_in(q, k, v, o, lse, causal, scale, config):
-        launched.append(config); o.copy_(attention_ref(q, k, v, causal=causal, scale=scale)[0]); return None, 1, []
+        launched.append(config); o.copy_(attention_ref(q, k, v, causal=causal, scale=scale)[0]); return None, 1, [], []
     monkeypatch.setattr(gluon, "applies", lambda *args: True)
     monkeypatch.setattr(gluon, "launch", stand_in)
-    monkeypatch.setattr(fwd.torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    assert fwd._attention_forward(q, k, v, o, lse, True, 0.125, config=config) is config and launched == [config]
+    assert dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=config) is config and launched == [config]
 
 
 
 def test_a_gluon_pick_that_fails_falls_back_to_the_tl_kernel_once(monkeypatch):
-    "The autotuner's Gluon pick failing at run time: one warning, the `tl` kernel's result, never an error in the call."
+    "The dispatcher's Gluon pick failing at run time: one warning, the `tl` kernel's result, never an error in the call."
     import warnings
     q, k, v = (randn(1, 2, 40, 64) for _ in range(3))
     o, lse = torch.full_like(q, float("nan")), torch.empty(1, 2, 40, device=q.device)
-    monkeypatch.setattr(fwd, "_TUNED", {})
-    fwd._attention_forward(q, k, v, o, lse, True, 0.125)                  # tunes: the `tl` kernel's pick for this key
-    (key,) = fwd._TUNED
-    monkeypatch.setitem(fwd._TUNED, key, GluonConfig())                   # as if the Gluon kernel had won the tuning
+    monkeypatch.setattr(dispatch, "_PICKS", {})
+    dispatch._attention_forward(q, k, v, o, lse, True, 0.125)             # chooses: the `tl` kernel's pick for this key
+    (key,) = dispatch._PICKS
+    monkeypatch.setitem(dispatch._PICKS, key, GluonConfig())              # as if the Gluon kernel had won the choice
     monkeypatch.setattr(gluon, "_DISABLED", [])
     monkeypatch.setattr(gluon, "applies", lambda *args: not gluon._DISABLED)
     def broken(*args): raise RuntimeError("a Gluon API this code does not know")
     monkeypatch.setattr(gluon, "launch", broken)
-    monkeypatch.setattr(fwd.torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
             o.fill_(float("nan"))
-            config = fwd._attention_forward(q, k, v, o, lse, True, 0.125)
-            assert not isinstance(config, GluonConfig) and fwd._TUNED[key] is config
+            config = dispatch._attention_forward(q, k, v, o, lse, True, 0.125)
+            assert config.kernel == "tl" and dispatch._PICKS[key] is config
             o_ref, _ = attention_ref(q.double(), k.double(), v.double(), causal=True, scale=0.125)
             assert all(e <= t for e, t in zip(errors(o, o_ref), TOL[q.dtype]))
     messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
     assert len(messages) == 1 and "gluon 64x64 w4 s2 failed (RuntimeError" in messages[0] and "`tl` kernel runs instead" in messages[0]
     with pytest.raises(RuntimeError, match="does not know"):                # a config given explicitly (tests) still raises
         monkeypatch.setattr(gluon, "applies", lambda *args: True)
-        fwd._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig())
+        dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig())
 
 
 def test_the_gluon_kernels_run_only_on_the_releases_they_were_tested_on(monkeypatch):
@@ -165,12 +168,12 @@ def test_the_gluon_kernels_run_only_on_the_releases_they_were_tested_on(monkeypa
 def test_gluon_that_cannot_be_loaded_is_said_once_on_sm90(monkeypatch):
     import warnings
     q = type("Q", (), dict(is_cuda=True, dtype=torch.bfloat16, device=None))()
-    monkeypatch.setattr(fwd, "_gluon", None)
-    monkeypatch.setattr(fwd, "_GLUON_MISSING", ["the Gluon kernels for sm_90 could not be loaded (ImportError: x)"])
-    monkeypatch.setattr(fwd, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(dispatch, "_gluon", None)
+    monkeypatch.setattr(dispatch, "_GLUON_MISSING", ["the Gluon kernels for sm_90 could not be loaded (ImportError: x)"])
+    monkeypatch.setattr(dispatch, "_capability", lambda device: (9, 0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not fwd._gluon_applies(q, 128, True, False, True) and not fwd._gluon_applies(q, 128, True, False, True)
+        assert not dispatch._gluon_applies(q, 128, True, False, True) and not dispatch._gluon_applies(q, 128, True, False, True)
     assert len(caught) == 1 and "could not be loaded (ImportError: x)" in str(caught[0].message)
 
 def check_gluon(q, k, v, causal, config, scale=None):
@@ -225,17 +228,17 @@ def test_gpu_negative_scale():
 @pytest.mark.gpu
 @gpu
 def test_gpu_the_pick_and_its_saved_launch(monkeypatch):
-    "`attention` tunes with the Gluon candidates in; the pick, then its saved launch, give the same exact output."
-    fwd._TUNED.clear(); fwd._PLANS.clear()
+    "`attention` chooses with the Gluon candidates in; the pick, then its saved launch, give the same exact output."
+    dispatch._PICKS.clear(); dispatch._PLANS.clear()
     q, k, v = (randn(8, 32, 2048, 128, dtype=torch.bfloat16) for _ in range(3))
-    outs = [fwd.attention(q, k, v, causal=True) for _ in range(3)]        # tune; the pick through Triton; saved launch
+    outs = [attention(q, k, v, causal=True) for _ in range(3)]            # choose and launch; then the saved launch
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
     o_ref, _ = attention_ref(q[:1, :4], k[:1, :4], v[:1, :4], causal=True, upcast=torch.float64)
     assert errors(outs[2][:1, :4], o_ref)[0] <= TOL[torch.bfloat16][0]
-    plan = next(iter(fwd._PLANS.values()))
-    assert plan and plan.config in fwd._TUNED.values()
-    print("money shot's pick:", fwd._label(plan.config))
+    plan = next(iter(dispatch._PLANS.values()))
+    assert plan and plan.candidate in dispatch._PICKS.values()
+    print("money shot's pick:", plan.candidate.label)
     monkeypatch.setenv("TRITON_FA2_NO_GLUON", "1")                      # the escape hatch: the `tl` kernel alone
-    fwd._TUNED.clear(); fwd._PLANS.clear()
-    fwd.attention(q, k, v, causal=True)
-    assert not any(isinstance(c, GluonConfig) for c in fwd._TUNED.values())
+    dispatch._PICKS.clear(); dispatch._PLANS.clear()
+    attention(q, k, v, causal=True)
+    assert all(c.kernel == "tl" for c in dispatch._PICKS.values())

@@ -114,13 +114,15 @@ def _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_
     "Keys [0, end) online, in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) at key 0."
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     0, full_end, seqlen_k, diag_offset, qk_scale,
-                                    False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
+                                    MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                    kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
     if not USE_TMA:
         k_ptrs += full_end.to(tl.int64) * stride_kn
         v_ptrs += full_end.to(tl.int64) * stride_vn
     return _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                            full_end, end, seqlen_k, diag_offset, qk_scale,
-                           True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
+                           MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                           kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
 
 # %% ../nbs/03_triton_forward.ipynb #0e72cbd2
 @triton.jit
@@ -221,12 +223,13 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
             v_online += online_lo.to(tl.int64) * stride_vn
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_online, v_online, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                         online_lo, end, seqlen_k, diag_offset, qk_scale,
-                                        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
+                                        MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                        kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
         m_i = tl.where(m_i == float("-inf"), 0.0, m_i)   # a row that saw none of them sees no key at all: P stays 0
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                         0, online_lo, seqlen_k, diag_offset, qk_scale,
-                                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE,
-                                        FIXED_MAX=True)
+                                        MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                        kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE, FIXED_MAX=True)
         # a score above its row's fixed maximum by more than P's dtype holds made P, hence acc, inf (or NaN)
         finite = (l_i < float("inf")) & (tl.sum(tl.abs(acc), 1) < float("inf"))   # NaN compares false too
         if tl.min(finite.to(tl.int32), 0) == 0:         # then the whole block again, online (rare; exact)
@@ -234,12 +237,12 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
             acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                           full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D,
-                                           BLOCK_N, DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
+                                           full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                           kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
     else:
         acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                       full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                       DOT_FP32, kv_z, kv_h, USE_TMA, FOLD_SCALE)
+                                       full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                       kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
 
     o, lse = _normalize_rows(acc, l_i, m_i)
     if USE_TMA:                                         # the descriptor clips rows past Lq and columns past D

@@ -125,12 +125,12 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     diag_offset = seqlen_k - seqlen_q
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     split_lo, mid, seqlen_k, diag_offset, qk_scale,
-                                    False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32)
+                                    MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32)
     k_ptrs += (mid - split_lo).to(tl.int64) * stride_kn
     v_ptrs += (mid - split_lo).to(tl.int64) * stride_vn
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     mid, hi, seqlen_k, diag_offset, qk_scale,    # masks scores *and* K/V rows ≥ seqlen_k
-                                    True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32)
+                                    MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32)
 
     o, lse = _normalize_rows(acc, l_i, m_i)               # an empty split: O = 0, lse = −∞
     split = split.to(tl.int64)
