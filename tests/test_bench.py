@@ -33,6 +33,9 @@ def test_header_is_the_agreed_one():
 def test_workload_sets_and_filters():
     assert len(select_workloads("prefill")) == 96                        # 3 B × 4 N × 2 D × causal × dtype
     assert select_workloads("quick")[0] == MONEY_SHOT
+    fa3 = select_workloads("fa3")                                        # FlashAttention-3's grid: B·N = 16k, H·D = 2048
+    assert len(fa3) == 36 and {(w.batch * w.seqlen_q, w.heads_q * w.head_dim) for w in fa3} == {(16384, 2048)}
+    assert {w.head_dim for w in fa3} == {64, 128, 256} and {w.dtype for w in fa3} == {"bf16"}
     assert select_workloads("decode") == DECODE and all(w.seqlen_q == 1 for w in DECODE)
     assert {w.dtype for w in select_workloads("prefill:dtype=fp16")} == {"fp16"}
     assert all(w.batch == 32 and w.head_dim == 64 for w in select_workloads("prefill:B=32,D=64"))
@@ -166,7 +169,7 @@ def test_a_failed_check_is_fail_and_exit_status_1(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--shapes", "nonsense"], "argument --shapes: unknown workload set 'nonsense'; choose from ['cpu', 'decode', 'gqa', 'money', 'prefill', 'quick']"),
+    (["--shapes", "nonsense"], "argument --shapes: unknown workload set 'nonsense'; choose from ['cpu', 'decode', 'fa3', 'gqa', 'money', 'prefill', 'quick']"),
     (["--shapes", "cpu:Q=1"], "argument --shapes: unknown field 'Q' in 'cpu:Q=1'; use one of ['batch', 'causal', 'dtype', 'head_dim', "
                               "'heads_kv', 'heads_q', 'op', 'seqlen_k', 'seqlen_q'] or B, N, D, H, Lq, Lk"),
     (["--shapes", "cpu:B=7"], "argument --shapes: 'cpu:B=7' selects no workloads; in 'cpu', batch ∈ [1, 2]"),

@@ -7,10 +7,10 @@ Docs: https://triton-fa2.github.io/triton_fa2/benchmarks.html.md"""
 # %% auto #0
 __all__ = ['MONEY_SHOT', 'GQA_PREFILL', 'DECODE', 'CPU_WORKLOADS', 'WORKLOAD_SETS', 'NAIVE_MAX_SCORE_BYTES', 'PROVIDERS',
            'FLEX_DEFAULT_WORKLOADS', 'COLUMNS', 'EXTRA_COLUMNS', 'GRAPH_BELOW_MS', 'L2_BYTES', 'BENCH_EXTRAS',
-           'NUMERIC', 'HERO_PROVIDERS', 'Workload', 'prefill_grid', 'select_workloads', 'Unsupported', 'tolerance',
-           'sampled_reference', 'sampled_error', 'tuned_config', 'measure', 'run_config', 'copy_ceiling_tbps',
-           'providers_for', 'run_sweep', 'write_rows', 'missing_extras', 'make_parser', 'verdict', 'report', 'main',
-           'load_results', 'money_shot_table', 'markdown_table', 'plot_hero', 'prefill_speedups',
+           'NUMERIC', 'HERO_PROVIDERS', 'Workload', 'prefill_grid', 'fa3_grid', 'select_workloads', 'Unsupported',
+           'tolerance', 'sampled_reference', 'sampled_error', 'tuned_config', 'measure', 'run_config',
+           'copy_ceiling_tbps', 'providers_for', 'run_sweep', 'write_rows', 'missing_extras', 'make_parser', 'verdict',
+           'report', 'main', 'load_results', 'money_shot_table', 'markdown_table', 'plot_hero', 'prefill_speedups',
            'plot_speedup_heatmap', 'plot_decode', 'summary_markdown']
 
 # %% ../nbs/07_benchmarks.ipynb #fa7266d5
@@ -79,6 +79,11 @@ def prefill_grid() -> list:
     return [Workload("prefill", B, 32, 32, N, N, D, dt, causal) for dt in ("bf16", "fp16") for D in (128, 64)
             for causal in (True, False) for B in (1, 8, 32) for N in (512, 2048, 8192, 16384)]
 
+def fa3_grid() -> list:
+    "FlashAttention-3's benchmark grid: batch·N = 16k and heads·D = 2048, D ∈ {64, 128, 256}, N from 512 to 16k, causal and not, bf16."
+    return [Workload("prefill", 16384 // N, 2048 // D, 2048 // D, N, N, D, "bf16", causal) for D in (64, 128, 256)
+            for causal in (True, False) for N in (512, 1024, 2048, 4096, 8192, 16384)]
+
 MONEY_SHOT = Workload("prefill", 8, 32, 32, 2048, 2048, 128, "bf16", True)
 GQA_PREFILL = [Workload("prefill", 4, 32, 8, 4096, 4096, 128, "bf16", True)]
 DECODE = [Workload("decode", B, 32, 8, 1, Lk, 128, "bf16", True) for B, Lk in ((8, 8192), (1, 32768), (64, 4096), (32, 16384))]
@@ -86,7 +91,7 @@ CPU_WORKLOADS = [Workload("prefill", 1, 4, 4, 96, 96, 64, dt, c) for dt in ("fp1
                 [Workload("prefill", 1, 4, 2, 70, 70, 64, "bf16", True), Workload("decode", 2, 4, 2, 1, 200, 64, "bf16", True)]
 
 WORKLOAD_SETS = {
-    "prefill": prefill_grid, "gqa": lambda: list(GQA_PREFILL), "decode": lambda: list(DECODE),
+    "prefill": prefill_grid, "fa3": fa3_grid, "gqa": lambda: list(GQA_PREFILL), "decode": lambda: list(DECODE),
     "money": lambda: [MONEY_SHOT], "quick": lambda: [MONEY_SHOT, *GQA_PREFILL, DECODE[0]], "cpu": lambda: list(CPU_WORKLOADS),
 }
 
