@@ -26,7 +26,7 @@ GQA_SHAPES = [
     (1, 8, 2, 1, 70, 32),      # 4:1 decode, Lk not a multiple of the 16-key tile
     (2, 6, 1, 1, 50, 16),      # MQA: six query heads read one KV head
     (1, 8, 2, 4, 70, 64),      # 4:1, Lq = 4 (speculative decoding): 16 packed rows, four positions each
-    (1, 8, 2, 17, 33, 80),     # 4:1, 68 rows: blocks straddle heads, so their positions run 0 … 16 again
+    (1, 8, 2, 17, 33, 80),     # 4:1, 68 rows: blocks straddle heads, so their positions go from 0 to 16 again
     (2, 4, 1, 40, 20, 64),     # Lq > Lk, causal: packed rows that see nothing next to rows that do
     (1, 4, 2, 100, 100, 64),   # prefill-sized Lq: the packed layout must still be right when not chosen
 ]
