@@ -157,7 +157,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
     key = ("prefill", D, causal, pack, *_tune_buckets(B * Hq * Lq, Lk), use_tma, scale > 0, fixed_max, str(q.dtype), str(lse.device))
     pick = _PICKS.get(key)
     if pick is None or (pick.kernel == "gluon" and not gluon_ok):   # new, or a Gluon pick since turned off
-        smem = _max_smem(lse.device.index if lse.is_cuda else 0) if lse.is_cuda else 0
+        smem = _max_smem(lse.device.index) if lse.is_cuda else 0
         pick = _choose(key, prefill_candidates(D, not use_tma, smem, gluon=gluon_ok), run)
     try: launched = run(pick)
     except Exception as e:
@@ -181,7 +181,9 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
         plan = _DECODE_PLANS.get(plan_key)
     o_part, lse_part = _split_kv._partials(q, num_splits, o, lse)
     if plan: return plan(q, k_cache, v_cache, k_cache if cache_seqlens is None else cache_seqlens, o_part, lse_part, o, lse)
-    run = lambda c: _split_kv.launch(q, k_cache, v_cache, cache_seqlens, o, lse, o_part, lse_part, causal, scale, num_splits, c)
+    def run(c):   # on the inputs' device, whichever is current: the timing's launches as much as the call's
+        with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+            return _split_kv.launch(q, k_cache, v_cache, cache_seqlens, o, lse, o_part, lse_part, causal, scale, num_splits, c)
     if config is None:
         block_m = _split_kv._decode_block_m((Hq // Hkv) * Lq)
         programs = triton.cdiv((Hq // Hkv) * Lq, block_m) * num_splits * B * Hkv
@@ -191,6 +193,5 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
         if config is None:
             smem = _max_smem(q.device.index) if q.is_cuda else 0
             config = _choose(key, decode_candidates(block_m, D, smem), run)
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        launched = run(config)
+    launched = run(config)
     if plan_key is not None and plan_key not in _DECODE_PLANS: _keep_plan(_DECODE_PLANS, plan_key, lambda: _DecodeLaunch(*launched))
