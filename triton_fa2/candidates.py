@@ -6,8 +6,8 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 
 # %% auto #0
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
-           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'Candidate', 'fits', 'prefill_candidates',
-           'decode_candidates']
+           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'BACKWARD', 'INTERPRETER_BACKWARD', 'Candidate',
+           'fits', 'prefill_candidates', 'decode_candidates', 'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -20,8 +20,8 @@ import triton
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One launch configuration of one kernel. `kernel`: "tl" (the prefill kernel of 03), "gluon" (11; with
-    `WARP_SPECIALIZE`, its warp-specialised kernel) or "decode" (06, whose rows per program follow from the shape, so
-    `BLOCK_M` is 0). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
+    `WARP_SPECIALIZE`, its warp-specialised kernel), "decode" (06, whose rows per program follow from the shape, so
+    `BLOCK_M` is 0), or "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
     kernel: str
     BLOCK_M: int
     BLOCK_N: int
@@ -39,6 +39,7 @@ class Candidate:
         if self.kernel == "decode": return f"BLOCK_N={self.BLOCK_N} w{self.num_warps} s{self.num_stages}"
         tiles = f"{self.BLOCK_M}x{self.BLOCK_N}"
         if self.kernel == "tl": return f"{tiles} w{self.num_warps} s{self.num_stages}"
+        if self.kernel.startswith("bwd"): return f"{self.kernel[4:]} {tiles} w{self.num_warps} s{self.num_stages}"
         if self.WARP_SPECIALIZE: return f"gluon ws {tiles} s{self.num_stages}" + (" pingpong" if self.PINGPONG else "")
         return f"gluon {tiles} w{self.num_warps} s{self.num_stages}" + (" qreg" if self.Q_IN_REGS else "") + (" psmem" if self.P_SMEM else "")
 
@@ -124,3 +125,39 @@ def decode_candidates(block_m:int,          # packed rows per program (`split_kv
     block_d = max(triton.next_power_of_2(head_dim), 16)
     kept = [c for c in DECODE if fits(c, block_m, block_d, smem_limit, pointers=True)]
     return kept or [min(DECODE, key=lambda c: _smem_bytes(block_m, c.BLOCK_N, block_d, c.num_stages))]
+
+# %% ../nbs/93_candidates.ipynb #f85089e7
+_BWD = lambda kernel, *configs: tuple(Candidate(kernel, m, n, w, s) for m, n, w, s in configs)   # (BLOCK_M, BLOCK_N, warps, stages)
+BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
+    ("bwd_dkdv", 64, False): _BWD("bwd_dkdv", (32, 128, 8, 3), (64, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 8, 2)),
+    ("bwd_dkdv", 64, True): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (16, 64, 4, 2)),
+    ("bwd_dkdv", 128, False): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2), (16, 32, 4, 2)),
+    ("bwd_dkdv", 128, True): _BWD("bwd_dkdv", (16, 128, 8, 3), (16, 32, 4, 2)),
+    ("bwd_dkdv", 256, False): _BWD("bwd_dkdv", (16, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2)),
+    ("bwd_dkdv", 256, True): _BWD("bwd_dkdv", (16, 32, 8, 2)),
+    ("bwd_dq", 64, False): _BWD("bwd_dq", (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
+    ("bwd_dq", 64, True): _BWD("bwd_dq", (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)),
+    ("bwd_dq", 128, False): _BWD("bwd_dq", (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
+    ("bwd_dq", 128, True): _BWD("bwd_dq", (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 8, 2)),
+    ("bwd_dq", 256, False): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 4, 2), (64, 64, 4, 2)),
+    ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2)),
+}
+INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
+
+def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
+    """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
+    buffers of the two it streams (Q and dO, or K and V)."""
+    kept, streamed = (c.BLOCK_N, c.BLOCK_M) if c.kernel == "bwd_dkdv" else (c.BLOCK_M, c.BLOCK_N)
+    return itemsize * block_d * 2 * (kept + streamed * max(c.num_stages, 1))
+
+def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
+                        head_dim:int,       # D
+                        pointers:bool,      # tiles through pointers (unaligned views, no TMA)
+                        smem_limit:int,     # the device's shared memory per block
+                       ) -> list:           # the candidates worth timing, never none
+    "The candidates of one backward pass worth timing for this head dim, path and device."
+    if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
+    block_d = min(max(triton.next_power_of_2(head_dim), 64), 256)
+    table = BACKWARD[(kernel, block_d, pointers)]
+    kept = [c for c in table if _backward_smem_bytes(c, block_d) <= smem_limit]
+    return kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]

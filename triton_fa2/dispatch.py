@@ -16,8 +16,8 @@ import sys
 import warnings
 import torch
 import triton
-from . import forward as _forward, split_kv as _split_kv
-from .candidates import Candidate, _max_smem, decode_candidates, prefill_candidates
+from . import backward as _backward, forward as _forward, split_kv as _split_kv
+from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import _DecodeLaunch, _Launch, _decode_plan_key, _keep_plan, _plan_key, fast_launch_possible
 from .validation import _capability
 
@@ -195,3 +195,27 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
             config = _choose(key, decode_candidates(block_m, D, smem), run)
     launched = run(config)
     if plan_key is not None and plan_key not in _DECODE_PLANS: _keep_plan(_DECODE_PLANS, plan_key, lambda: _DecodeLaunch(*launched))
+
+# %% ../nbs/94_dispatch.ipynb #c501c142
+def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scale:float, configs:tuple=None) -> tuple:
+    """Gradients of attention into dq, dk, dv (shaped as q, k, v) from (B, H, L, D) views of do, q, k, v, o, the forward's
+    contiguous lse (B, Hq, Lq) and dlse (its gradient, or None). `configs`: (dK/dV candidate, dQ candidate), bypassing the
+    choice. Returns the two candidates launched."""
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    if B * Hq == 0: return configs
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        delta, m = _backward.launch_preprocess(o, do, lse, dlse)
+        use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
+        smem = _max_smem(q.device.index) if q.is_cuda else 0
+        passes = (("bwd_dkdv", lambda c: _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma)),
+                  ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma)))
+        picks = []
+        for i, (kernel, run) in enumerate(passes):
+            pick = configs[i] if configs is not None else None
+            if pick is None:
+                key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, str(q.dtype), str(q.device))
+                pick = _PICKS.get(key) or _choose(key, backward_candidates(kernel, D, not use_tma, smem), run)
+            run(pick)
+            picks.append(pick)
+    return tuple(picks)

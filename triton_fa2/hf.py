@@ -59,13 +59,14 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
                       key:torch.Tensor,        # (B, Hkv, Lk, D), the cache included, not repeated for GQA
                       value:torch.Tensor,      # (B, Hkv, Lk, D)
                       attention_mask:torch.Tensor=None, # None, or a 2-D (B, Lk) padding mask (from padding_mask)
-                      dropout:float=0.0,       # must be 0 (inference)
+                      dropout:float=0.0,       # must be 0: attention dropout is not supported
                       scaling:float=None,      # softmax scale; None means 1/sqrt(D)
                       is_causal:bool=None,     # overrides module.is_causal
                       **kwargs,
                      ) -> tuple:               # (attn_output (B, Lq, Hq, D), None)
     "transformers' attention-function protocol on top of triton_fa2's operators (see the list above for the masks it takes)."
-    if dropout: raise ValueError(f"triton_fa2 has no dropout (got dropout={dropout}); call model.eval() for inference")
+    if dropout: raise ValueError(f"triton_fa2 does not implement attention dropout (got dropout={dropout}): set the model's "
+                                 "attention_dropout to 0.0 to train with it, or call model.eval() for inference")
     for name in ("softcap", "sliding_window", "s_aux"):
         if kwargs.get(name) is not None: raise ValueError(f"triton_fa2 does not support {name} yet; use attn_implementation='sdpa' for this model")
     _check_model_dtype(module, query)

@@ -24,8 +24,10 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               causal:bool=False,      # bottom-right causal: query i sees keys j ≤ i + Lk − Lq
               scale:float=None,       # softmax scale; None means 1/sqrt(D)
               return_lse:bool=False,  # also return the log-sum-exp of each row
+              deterministic:bool=False, # accepted for flash-attn's vocabulary: the backward is always deterministic
              ):                       # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32, natural log)
-    "FlashAttention-2 forward in Triton: softmax(q kᵀ · scale) v, with GQA/MQA, for any strides whose last dim is contiguous."
+    """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v, with GQA/MQA, for any strides whose last dim is contiguous.
+    Differentiable in q, k and v (and through the LSE), with gradients that are the same bits on every run."""
     causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
     o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False)
@@ -35,22 +37,22 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
 def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqlen, nheads, headdim) queries, fp16 or bf16
                     k:torch.Tensor,             # (B, Lk, Hkv, D) keys; Hq must be a multiple of Hkv
                     v:torch.Tensor,             # (B, Lk, Hkv, D) values
-                    dropout_p:float=0.0,        # must be 0.0: no dropout in this forward-only kernel
+                    dropout_p:float=0.0,        # must be 0.0: attention dropout is not supported
                     softmax_scale:float=None,   # None means 1/sqrt(D)
                     causal:bool=False,          # bottom-right causal, as flash-attn ≥ 2.1
                     window_size:tuple=(-1, -1), # must be (-1, -1): no sliding window yet
                     softcap:float=0.0,          # must be 0.0
                     alibi_slopes=None,          # must be None
-                    deterministic:bool=False,   # accepted; the forward pass is always deterministic
+                    deterministic:bool=False,   # accepted: forward and backward are always deterministic (no atomics)
                     return_attn_probs:bool=False, # also return (softmax_lse (B, Hq, Lq) float32, None)
                    ):                           # out (B, Lq, Hq, D) in q's dtype; with return_attn_probs, (out, softmax_lse, None)
-    """Drop-in for `flash_attn.flash_attn_func`'s forward pass, on the same Triton kernel as `attention`, without copies.
+    """Drop-in for `flash_attn.flash_attn_func`, forward and backward, on the same Triton kernels as `attention`, without copies.
 
     The layout is flash-attn's, (batch_size, seqlen, nheads, headdim): q (B, Lq, Hq, D), k and v (B, Lk, Hkv, D).
     Tensors in SDPA's (B, H, L, D) layout must be transposed first (`q.transpose(1, 2)`, a view), or passed to
     `attention`, which takes them as they are: shapes that fit both layouts cannot be told apart, and give wrong results
     without an error. Shapes that fit only SDPA's layout are refused with this advice."""
-    if dropout_p != 0.0: raise ValueError(f"dropout_p must be 0.0 (triton_fa2 is a forward, inference kernel), got {dropout_p}")
+    if dropout_p != 0.0: raise ValueError(f"dropout_p must be 0.0: triton_fa2 does not implement attention dropout, got {dropout_p}")
     if tuple(window_size) != (-1, -1): raise ValueError(f"window_size must be (-1, -1): sliding windows are not supported yet, got {window_size}")
     if softcap != 0.0: raise ValueError(f"softcap must be 0.0: softcapping is not supported yet, got {softcap}")
     if alibi_slopes is not None: raise ValueError("alibi_slopes must be None: ALiBi is not supported yet")

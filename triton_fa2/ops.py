@@ -10,7 +10,7 @@ __all__ = []
 # %% ../nbs/96_ops.ipynb #04825f73
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import torch
-from .dispatch import _attention_forward, _decode_forward
+from .dispatch import _attention_backward, _attention_forward, _decode_forward
 
 # %% ../nbs/96_ops.ipynb #3fc5ef30
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
@@ -40,6 +40,36 @@ def _attention_fake(q, k, v, causal, scale, flash_layout):
 _attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool flash_layout) -> (Tensor, Tensor)",
                                  _attention_impl, _attention_fake)
 
+# %% ../nbs/96_ops.ipynb #17a95305
+def _attention_backward_impl(do, q, k, v, o, lse, dlse, causal, scale):
+    "(B, H, L, D) views of dO, q, k, v, o; lse (B, Hq, Lq); dlse (B, Hq, Lq) or None. (dq, dk, dv) shaped as q, k, v."
+    dq, dk, dv = _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale)
+    if do.stride(-1) != 1 or 0 in do.stride(): do = do.contiguous()
+    if dlse is not None: dlse = dlse.float().contiguous()
+    _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale)
+    return dq, dk, dv
+
+def _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+_attention_backward_op = _define_operator(_OPS, "attention_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
+                                                "Tensor? dlse, bool causal, float scale) -> (Tensor, Tensor, Tensor)",
+                                          _attention_backward_impl, _attention_backward_fake)
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, flash_layout = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale, ctx.flash_layout = causal, scale, flash_layout
+
+def _attention_grad(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if ctx.flash_layout: o, do = o.transpose(1, 2), do.transpose(1, 2)   # (B, Lq, Hq, D) outputs, as (B, Hq, Lq, D) views
+    dq, dk, dv = _attention_backward_op(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+torch.library.register_autograd(f"{_OPS}::attention", _attention_grad, setup_context=_attention_setup_context, lib=_LIBRARIES[_OPS])
+
 # %% ../nbs/96_ops.ipynb #8be3c105
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
     "(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out."
@@ -60,9 +90,13 @@ def _plain_eager(*tensors) -> bool:
             and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
             and not torch._C._autograd._profiler_enabled())   # profiles name the operator
 
+def _needs_grad(*tensors) -> bool:
+    "Whether autograd records this call: then the operator runs, whose backward is registered."
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
 def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool):
-    "`triton_fa2::attention`; in plain eager calls, its implementation directly (the dispatcher's round trip saved)."
-    if _plain_eager(q, k, v): return _attention_impl(q, k, v, causal, scale, flash_layout)
+    "`triton_fa2::attention`; in plain eager calls without gradients, its implementation directly (the dispatcher's round trip saved)."
+    if _plain_eager(q, k, v) and not _needs_grad(q, k, v): return _attention_impl(q, k, v, causal, scale, flash_layout)
     return _attention_op(q, k, v, causal, scale, flash_layout)
 
 def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, num_splits:int):

@@ -103,9 +103,10 @@ def _check_inputs(q, k, v, causal, scale, layout:str="(B, H, L, D)", fn:str="att
     if q.device.type == "cuda" and q.dtype == torch.bfloat16 and _capability(q.device) < (8, 0):
         raise TypeError(f"bfloat16 needs a GPU of compute capability 8.0 or newer, got {torch.cuda.get_device_name(q.device)} "
                         f"({'.'.join(map(str, torch.cuda.get_device_capability(q.device)))}); use torch.float16")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("triton_fa2 implements the forward pass only; call it under torch.no_grad() "
-                                  "or torch.inference_mode(), or pass detached tensors")
+    if fn == "decode" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("decode is an inference kernel and has no backward: call it under torch.no_grad() or "
+                                  "torch.inference_mode(), or pass detached tensors; for training use attention or "
+                                  "flash_attn_func, which are differentiable")
     _check_interpreter()
     return B, Hq, Hkv, Lq, Lk, D
 
