@@ -330,11 +330,12 @@ def test_the_other_layout_is_named_where_only_it_fits():
     assert torch.equal(flash_attn_func(same, same, same), attention(*(same.transpose(1, 2),) * 3).transpose(1, 2))
 
 
-def test_inputs_that_need_grad_are_refused():
-    "A forward-only kernel must not silently drop gradients; under no_grad it runs."
-    q = randn(1, 2, 8, 16).requires_grad_()
-    with pytest.raises(NotImplementedError, match="forward pass only"): attention(q, q, q)
-    with torch.no_grad(): attention(q, q, q)
+def test_decode_refuses_inputs_that_need_grad():
+    "decode has no backward: it must not silently drop gradients (attention has one: tests/test_backward.py); under no_grad it runs."
+    q = randn(1, 2, 1, 16).requires_grad_()
+    k = randn(1, 2, 8, 16)
+    with pytest.raises(NotImplementedError, match="decode is an inference kernel"): triton_fa2.decode(q, k, k)
+    with torch.no_grad(): triton_fa2.decode(q, k, k)
 
 
 def test_tensors_on_two_devices_are_refused():

@@ -1,7 +1,8 @@
 """One definition of which keys a block of query rows visits. The causal key bounds are `forward._kv_key_bounds`, a jit
 function that every kernel calls (the `tl` prefill kernel, the decode kernel, both Gluon kernels); this checks it
 against the PyTorch reference of chapter 02 (`tiling.kv_block_range`) on a grid of shapes, for plain and GQA-packed
-rows, and that no kernel module computes the bounds by itself."""
+rows, and that no kernel module computes the bounds by itself. The backward's dK/dV pass needs the relation the other way
+round (which rows see a block of keys): `backward._q_row_bounds`, checked against the same definition."""
 import inspect
 import re
 
@@ -10,8 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
+import triton_fa2.backward as bwd
 import triton_fa2.forward as fwd
 import triton_fa2.split_kv as split_kv
+from triton_fa2.backward import _q_row_bounds
 from triton_fa2.forward import _kv_key_bounds, _program_block, _q_block_rows
 from triton_fa2.runtime import default_device
 from triton_fa2.tiling import kv_block_range
@@ -68,7 +71,7 @@ def test_key_bounds_agree_with_the_definition_and_chapter_02(causal, group):
 
 def test_no_kernel_computes_the_bounds_itself():
     "Which keys a row sees (`position + Lk − Lq + 1`, clamped) is written once, in `_kv_key_bounds`; every kernel calls it."
-    sources = {"forward": inspect.getsource(fwd), "split_kv": inspect.getsource(split_kv)}
+    sources = {"forward": inspect.getsource(fwd), "split_kv": inspect.getsource(split_kv), "backward": inspect.getsource(bwd)}
     try:
         from triton_fa2 import gluon
         sources["gluon"] = inspect.getsource(gluon)
@@ -77,6 +80,7 @@ def test_no_kernel_computes_the_bounds_itself():
         bounds = len(re.findall(r"_pos \+ (?:diag_)?offset \+ 1", source))
         assert bounds == (2 if name == "forward" else 0), (name, bounds)
         if name != "forward": assert "_kv_key_bounds(" in source, name
+    assert "_q_row_bounds(" in sources["backward"]   # the dK/dV pass: the same relation, transposed (checked below)
 
 
 @pytest.mark.gpu
@@ -105,3 +109,33 @@ def test_gpu_the_gluon_kernels_plan_the_same_tiles():
                     want_full, want_end, _ = reference_bounds(m * bm, min(m * bm + bm, Lq) - 1, Lq, Lk, bn, causal)
                     assert (full_end, end) == (want_full, want_end), (Lq, Lk, bm, bn, m)
                     assert loaded >= end and loaded - end < 2 * bn, (Lq, Lk, bm, bn, m)   # every visible key, whole tiles
+
+
+@triton.jit
+def _row_bounds_probe(OUT, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    start_n = tl.program_id(0)
+    lo, mid = _q_row_bounds(start_n * BLOCK_N, tl.minimum(start_n * BLOCK_N + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k,
+                            BLOCK_M, CAUSAL)
+    tl.store(OUT + 2 * start_n, lo)
+    tl.store(OUT + 2 * start_n + 1, mid)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_row_bounds_are_the_key_bounds_transposed(causal):
+    """The dK/dV pass's `_q_row_bounds` against the definition: rows before `lo` see no key of the block, rows from `mid`
+    on see all of them, and the masked run [lo, mid) is as short as whole Q tiles allow."""
+    checked = 0
+    for Lq, Lk in SHAPES:
+        for bm, bn in TILES:
+            out = torch.full((triton.cdiv(Lk, bn), 2), -7, dtype=torch.int32, device=DEVICE)
+            _row_bounds_probe[(out.shape[0],)](out, Lq, Lk, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal)
+            sees = lambda i, j: (j <= i + Lk - Lq) if causal else True
+            for n, (lo, mid) in enumerate(out.cpu().tolist()):
+                keys = range(n * bn, min(n * bn + bn, Lk))
+                assert lo % bm == 0 and mid % bm == 0 and lo <= mid, (Lq, Lk, bm, bn, n, lo, mid)
+                assert not any(sees(i, j) for i in range(min(lo, Lq)) for j in keys), (Lq, Lk, bm, bn, n, lo)
+                assert all(sees(i, j) for i in range(mid, Lq) for j in keys), (Lq, Lk, bm, bn, n, mid)
+                assert lo + bm > Lq or any(sees(i, j) for i in range(lo, min(lo + bm, Lq)) for j in keys), (Lq, Lk, bm, bn, n)
+                if mid > lo: assert not all(sees(i, j) for i in range(mid - bm, min(mid, Lq)) for j in keys), (Lq, Lk, bm, bn, n)
+                checked += 1
+    assert checked > 100

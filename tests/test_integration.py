@@ -150,3 +150,58 @@ def test_register_without_transformers_names_the_extra():
             "try:\n    triton_fa2.hf.register()\nexcept ImportError as e:\n    print('ERR', e)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "ERR" in run.stdout and "triton_fa2[hf]" in run.stdout, run.stdout + run.stderr
+
+
+def train_steps(config_kwargs, implementation, steps=3, device=DEVICE, dtype=torch.bfloat16, seq=64, batch=2):
+    "A Llama built from a config with one seed, trained `steps` SGD steps with one attention: the losses and the last gradients."
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(attention_dropout=0.0, **config_kwargs)
+    model = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype).train()
+    model.set_attn_implementation(implementation)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if "self_attn" in n}
+        optimizer.step()
+    return losses, grads
+
+
+def check_training_matches_sdpa(config_kwargs, **kwargs):
+    hf.register()
+    ours, grads_ours = train_steps(config_kwargs, "triton_fa2", **kwargs)
+    sdpa, grads_sdpa = train_steps(config_kwargs, "sdpa", **kwargs)
+    assert all(abs(a - b) <= 2e-2 * abs(b) for a, b in zip(ours, sdpa)), (ours, sdpa)   # bf16 training, 3 steps
+    for name in grads_sdpa:
+        err = ((grads_ours[name] - grads_sdpa[name]).norm() / grads_sdpa[name].norm()).item()
+        assert err < 5e-2, (name, err)
+    return ours, sdpa
+
+
+def test_tiny_llama_trains_like_sdpa():
+    "Training mode, dropout 0: a few SGD steps give sdpa's losses, and the attention weights' gradients agree in bf16."
+    check_training_matches_sdpa(dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2), seq=40)
+
+
+def test_attention_dropout_is_refused_in_training():
+    hf.register()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.1)
+    model = transformers.LlamaForCausalLM(config).to(device=DEVICE, dtype=torch.bfloat16).train()
+    model.set_attn_implementation("triton_fa2")
+    with pytest.raises(ValueError, match="does not implement attention dropout"): model(torch.randint(0, 256, (1, 8), device=DEVICE))
+
+
+@pytest.mark.gpu
+def test_gpu_llama3_8b_shaped_training_matches_sdpa():
+    "Llama-3-8B's attention shapes (hidden 4096, 32 query heads, 8 KV heads of 128), 2 layers, bf16, 4 × 1024 tokens."
+    losses = check_training_matches_sdpa(dict(vocab_size=1024, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+                                              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096),
+                                         seq=1024, batch=4)
+    print("losses (triton_fa2, sdpa):", losses)

@@ -12,6 +12,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "0"          # compile, do not interpret (triton_fa2 would choose the interpreter)
 import argparse, concurrent.futures, contextlib, csv, datetime, hashlib, json, re, sys, traceback
 import torch, triton
+import triton_fa2.backward as bwd
 import triton_fa2.forward as fwd
 import triton_fa2.split_kv as split_kv
 from triton_fa2 import candidates, gluon
@@ -67,11 +68,28 @@ def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat
     return split.compiled[0], combine.compiled[0]
 
 
+def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(32, 128, 8, 3), pointers=False):
+    "Compile one pass of the backward (`bwd_dkdv` or `bwd_dq`), through descriptors or, on unaligned views, pointers."
+    width = D + (4 if pointers else 0)                        # a row stride of D + 4 elements is not 16-byte aligned: no TMA
+    q, do = (torch.empty(B, Hq, N, width, dtype=dtype)[..., :D] for _ in range(2))
+    k, v = (torch.empty(B, Hkv, N, width, dtype=dtype)[..., :D] for _ in range(2))
+    m = delta = torch.empty(B, Hq, N)
+    c = Candidate(kernel, *config)
+    if kernel == "bwd_dkdv":
+        with offline(bwd, "_attn_bwd_dkdv") as (compiled,):
+            bwd.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, c, use_tma=not pointers)
+    else:
+        with offline(bwd, "_attn_bwd_dq") as (compiled,):
+            bwd.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, c, use_tma=not pointers)
+    return compiled.compiled[0]
+
+
 def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; decode at D 128 and 256, with one query per sequence and with 64
-    packed rows (GQA 8:1 over 8 queries); the combine; Gluon: every candidate at each of its head dims."""
+    packed rows (GQA 8:1 over 8 queries); the combine; the backward's two passes, every candidate of each table at its
+    head-dim tile width and path; Gluon: every candidate at each of its head dims."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):
         for pointers in (False, True):
@@ -86,6 +104,12 @@ def shipped():
                 config = (c.BLOCK_N, c.num_warps, c.num_stages)
                 jobs.append((f"decode BLOCK_N={config[0]} w{config[1]} s{config[2]} D={D} rows={rows} + combine",
                              ("decode", D, config, (Hkv, Lq))))
+    for (kernel, block_d, pointers), table in candidates.BACKWARD.items():
+        for c in table:
+            if candidates._backward_smem_bytes(c, block_d) > H200_SMEM: continue
+            config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+            path = "pointers" if pointers else "descriptors"
+            jobs.append((f"backward {c.label} D={block_d} {path}", ("backward", block_d, config, (kernel, pointers))))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -97,6 +121,9 @@ def compile_job(job) -> list:
     kind, D, config, heads = job
     if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
     elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
+    elif kind == "backward":
+        kernel, pointers = heads
+        kernels = [(kernel, compile_backward(kernel, D=D, config=config, pointers=pointers))]
     elif kind == "decode":
         Hkv, Lq = heads
         kernels = list(zip(("_decode_fwd", "_combine_splits"), compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config)))

@@ -70,6 +70,12 @@ def _attention_grad(ctx, do, dlse):
 
 torch.library.register_autograd(f"{_OPS}::attention", _attention_grad, setup_context=_attention_setup_context, lib=_LIBRARIES[_OPS])
 
+def _no_double_backward(ctx, *grads):
+    raise NotImplementedError("triton_fa2 has no second derivative of attention: differentiate its gradients (double "
+                              "backward, create_graph=True then backward) with attn_implementation='eager' or SDPA's math backend")
+
+torch.library.register_autograd(f"{_OPS}::attention_backward", _no_double_backward, lib=_LIBRARIES[_OPS])
+
 # %% ../nbs/96_ops.ipynb #8be3c105
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
     "(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out."
