@@ -211,8 +211,9 @@ def test_gpu_matrix(B, Hq, Hkv, N, D, causal, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq"])
-def test_gpu_every_candidate_is_correct(kernel):
+def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
     "Every candidate of every table, at the head dims it serves, through descriptors and pointers, not only the picks."
+    import triton_fa2.forward as fwd
     from triton_fa2.candidates import backward_candidates, _max_smem
     smem = _max_smem(torch.cuda.current_device())
     checked = 0
@@ -220,7 +221,8 @@ def test_gpu_every_candidate_is_correct(kernel):
         q, k, v, do = (randn(1, 4, 300, D, dtype=torch.bfloat16) for _ in range(4))
         refs = attention_backward_ref(q, k, v, do, causal=True)
         for pointers in (False, True):
-            views = (q, k, v, do) if not pointers else tuple(torch.cat([t, t[..., :4]], -1)[..., :D] for t in (q, k, v, do))
+            monkeypatch.setattr(fwd, "_has_tma", lambda device: not pointers)   # a GPU without TMA: the pointer path
+            views = (q, k, v, do)
             for c in backward_candidates(kernel, D, pointers, smem):
                 other = BACKWARD[("bwd_dq" if kernel == "bwd_dkdv" else "bwd_dkdv", min(max(D, 64), 256), pointers)][0]
                 configs = (c, other) if kernel == "bwd_dkdv" else (other, c)
@@ -241,3 +243,9 @@ def test_gpu_offsets_past_2_31_elements():
         sl = lambda t: t.detach()[b:b + 1, h:h + 1]
         refs = attention_backward_ref(sl(q), sl(k), sl(v), do[b:b + 1, h:h + 1], causal=True)
         check_grads([q.grad[b:b + 1, h:h + 1], k.grad[b:b + 1, h:h + 1], v.grad[b:b + 1, h:h + 1]], refs, torch.bfloat16)
+
+
+def test_unaligned_views():
+    "Row strides that are not multiples of 16 bytes (no TMA): copied once on a GPU with TMA, read in place elsewhere."
+    q, k, v, do = (randn(1, 2, 30, 36)[..., :32] for _ in range(4))   # row stride 72 bytes
+    check_grads(poisoned_backward(q, k, v, do, True), attention_backward_ref(q, k, v, do, causal=True), torch.float16)

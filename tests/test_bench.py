@@ -2,6 +2,7 @@
 reasons, the CSV format and merge, and the CLI: its CPU mode (correctness only, no CSV unless asked), the table's
 tolerance and verdict columns and closing line, and its usage errors."""
 import csv
+import dataclasses
 import re
 import subprocess
 import sys
@@ -13,8 +14,9 @@ import triton
 import triton_fa2
 import triton_fa2.__main__ as cli
 import triton_fa2.bench as bench
-from triton_fa2.bench import (COLUMNS, CPU_WORKLOADS, DECODE, EXTRA_COLUMNS, MONEY_SHOT, Unsupported, Workload, load_results,
-                              measure, money_shot_table, run_config, run_sweep, select_workloads, tolerance, write_rows)
+from triton_fa2.bench import (BACKWARD, COLUMNS, CPU_WORKLOADS, DECODE, EXTRA_COLUMNS, GRAD_TOLERANCES, MONEY_SHOT, Unsupported,
+                              Workload, load_results, measure, money_shot_table, run_config, run_sweep, select_workloads, tolerance,
+                              write_rows)
 from triton_fa2.runtime import default_device
 
 
@@ -76,7 +78,8 @@ def test_wrong_or_nan_results_are_not_timed(monkeypatch):
 def test_the_tolerance_is_the_one_of_python_dash_m_triton_fa2(monkeypatch):
     "One definition: the dtype's entry in TOLERANCES gates timing, so an fp16 result 1.5 tolerances off is wrong (a flat 2e-2 would pass it)."
     assert bench.TOLERANCES is cli.TOLERANCES
-    assert {w.dtype: tolerance(w) for w in CPU_WORKLOADS} == {"fp16": cli.TOLERANCES[torch.float16], "bf16": cli.TOLERANCES[torch.bfloat16]}
+    forward = [w for w in CPU_WORKLOADS if w.op in ("prefill", "decode")]
+    assert {w.dtype: tolerance(w) for w in forward} == {"fp16": cli.TOLERANCES[torch.float16], "bf16": cli.TOLERANCES[torch.bfloat16]}
     for w in CPU_WORKLOADS[0], CPU_WORKLOADS[2]:                                   # fp16, bf16
         def off(w, q, k, v):                                                        # 1.5 tolerances off, in err's units
             o = bench.attention_ref(q, k, v, causal=w.causal)[0]
@@ -102,6 +105,66 @@ def test_sdpa_is_not_given_a_mask_it_cannot_express():
     assert "top-left" in row["skip_reason"]
 
 
+def test_backward_workloads_and_their_flops():
+    "The backward set: 7 shapes, each as backward (2.5× the forward's FLOPs, 2× its bytes) and fwd_bwd (3.5×, 3×)."
+    shapes = [(8, 32, 32, 2048, 128, True, "bf16"), (8, 32, 32, 2048, 128, True, "fp16"), (8, 32, 32, 2048, 128, False, "bf16"),
+              (8, 32, 32, 2048, 64, True, "bf16"), (1, 32, 32, 8192, 128, True, "bf16"), (4, 32, 32, 4096, 64, True, "fp16"),
+              (4, 32, 8, 4096, 128, True, "bf16")]
+    assert select_workloads("backward") == BACKWARD and len(BACKWARD) == 14
+    assert [(w.batch, w.heads_q, w.heads_kv, w.seqlen_k, w.head_dim, w.causal, w.dtype) for w in BACKWARD[::2]] == shapes
+    assert [w.op for w in BACKWARD] == ["backward", "fwd_bwd"] * 7 and all(w.seqlen_q == w.seqlen_k for w in BACKWARD)
+    assert {w.op for w in select_workloads("backward:op=fwd_bwd,dtype=fp16")} == {"fwd_bwd"}
+    for w in BACKWARD:
+        forward = dataclasses.replace(w, op="prefill")
+        assert w.flops() == {"backward": 2.5, "fwd_bwd": 3.5}[w.op] * forward.flops()
+        assert w.io_bytes() == {"backward": 2, "fwd_bwd": 3}[w.op] * forward.io_bytes()
+    causal, full = BACKWARD[0], BACKWARD[4]                            # causal counts half, as for the forward
+    assert causal.flops() * 2 == full.flops() == 2.5 * 4 * 8 * 32 * 2048 * 2048 * 128
+    assert tolerance(causal) == GRAD_TOLERANCES[torch.bfloat16] and tolerance(BACKWARD[2]) == GRAD_TOLERANCES[torch.float16]
+    q, k, v, do = Workload("backward", 1, 2, 1, 8, 8, 16, "fp16", True).inputs(torch.device("cpu"))
+    assert q.requires_grad and k.requires_grad and v.requires_grad and not do.requires_grad and do.shape == q.shape
+
+
+TINY_GRADS = [Workload(op, 1, 2, 1, 48, 48, 32, dtype, True) for op in ("backward", "fwd_bwd") for dtype in ("fp16", "bf16")]
+
+
+@pytest.mark.parametrize("provider", ["triton_fa2", "sdpa"])
+@pytest.mark.parametrize("w", TINY_GRADS, ids=lambda w: w.label)
+def test_gradients_pass_the_reference_check(provider, w):
+    "dq, dk, dv of our backward (in the interpreter without a GPU) and of SDPA are checked against float32 autograd; .grad stays empty."
+    inputs = w.inputs(default_device())
+    row = measure(w, provider, [inputs], run_config("test"))
+    assert row["max_err"] and float(row["max_err"]) <= tolerance(w), row
+    assert all(t.grad is None for t in inputs[:3])                     # autograd.grad returns them: nothing accumulates
+    if not torch.cuda.is_available(): assert row["skip_reason"] == "timing needs a GPU" and row["ms"] == ""
+
+
+def test_wrong_or_missing_gradients_are_not_timed(monkeypatch):
+    "A forward that is right with a gradient that is wrong fails the check; a forward without a graph has no backward row."
+    w = TINY_GRADS[0]
+    def wrong_dq(w, q, k, v):                                          # o is right, dq is off by do / 10
+        return bench.attention_ref(q, k, v, causal=w.causal)[0].to(q.dtype) + 0.1 * (q - q.detach())
+    monkeypatch.setitem(bench.PROVIDERS, "wrong_dq", wrong_dq)
+    row = measure(w, "wrong_dq", [w.inputs(default_device())], run_config("test"))
+    assert row["skip_reason"].startswith("wrong result") and row["ms"] == "" and bench.verdict(row) is False, row
+    monkeypatch.setitem(bench.PROVIDERS, "detached", lambda w, q, k, v: bench.attention_ref(q.detach(), k, v)[0].to(q.dtype).detach())
+    row = measure(w, "detached", [w.inputs(default_device())], run_config("test"))
+    assert row["skip_reason"] == "detached's output does not require grad: no backward" and not row["max_err"], row
+
+
+def test_backward_replays_one_forward_and_fwd_bwd_runs_it_each_time(monkeypatch):
+    "backward times the backward alone: the forward runs once per input set; fwd_bwd runs it in every call."
+    calls = []
+    def counted(w, q, k, v):
+        calls.append(w.op); return bench.attention_ref(q, k, v, causal=w.causal)[0].to(q.dtype)
+    monkeypatch.setitem(bench.PROVIDERS, "counted", counted)
+    for op, forwards in (("backward", 2), ("fwd_bwd", 6)):
+        w = dataclasses.replace(TINY_GRADS[0], op=op)
+        sets, fn = [w.inputs(default_device(), seed) for seed in (0, 1)], bench._call(w, "counted")
+        grads = [fn(*sets[i % 2]) for i in range(6)]
+        assert calls.count(op) == forwards and all(torch.equal(a, b) for a, b in zip(grads[0], grads[2]))
+
+
 def test_csv_merge_and_reading(tmp_path):
     meta = run_config("abc123")
     rows = run_sweep(CPU_WORKLOADS[:1], ["triton_fa2", "naive"], meta, progress=False)
@@ -125,6 +188,10 @@ def test_cli_without_a_gpu_checks_and_writes_nothing(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "timing needs a GPU" in run.stdout and "triton_fa2" in run.stdout
     assert not (tmp_path / "results").exists(), "a CPU run must not write results/raw.csv"
+
+
+def test_cli_without_a_gpu_writes_the_csv_it_is_given_and_resumes(tmp_path):
+    if torch.cuda.is_available(): pytest.skip("the CPU mode is what this tests")
     out = tmp_path / "cpu.csv"
     run = bench_cli("--no-progress", "--providers", "triton_fa2,naive", "--out", str(out), "--commit", "t")
     assert run.returncode == 0 and len(out.read_text().splitlines()) == 1 + 2 * len(CPU_WORKLOADS)
@@ -146,6 +213,8 @@ def test_quick_table_says_what_err_is_and_gives_a_verdict():
     lines = run.stdout.splitlines()
     assert any(l.startswith("err: max |o − o_ref| / max(1, max |o_ref|)") and "against attention_ref in float32" in l and
                "fp16 2.0e-03, bf16 1.6e-02" in l for l in lines), run.stdout
+    assert any(l.startswith("err of backward and fwd_bwd: the largest max |dx − dx_ref| / max |dx_ref| of dq, dk, dv") and
+               "fp16 5.0e-03, bf16 2.0e-02" in l for l in lines), run.stdout
     header = next(l for l in lines if l.startswith("provider "))
     assert header.split()[:6] == ["provider", "workload", "err", "tolerance", "check", "time,"]
     rows = [ROW.fullmatch(l).groups() for l in lines[lines.index(header) + 1:-1]]
@@ -169,7 +238,8 @@ def test_a_failed_check_is_fail_and_exit_status_1(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--shapes", "nonsense"], "argument --shapes: unknown workload set 'nonsense'; choose from ['cpu', 'decode', 'fa3', 'gqa', 'money', 'prefill', 'quick']"),
+    (["--shapes", "nonsense"], "argument --shapes: unknown workload set 'nonsense'; choose from ['backward', 'cpu', 'decode', 'fa3', 'gqa', 'money', 'prefill', "
+                          "'quick']"),
     (["--shapes", "cpu:Q=1"], "argument --shapes: unknown field 'Q' in 'cpu:Q=1'; use one of ['batch', 'causal', 'dtype', 'head_dim', "
                               "'heads_kv', 'heads_q', 'op', 'seqlen_k', 'seqlen_q'] or B, N, D, H, Lq, Lk"),
     (["--shapes", "cpu:B=7"], "argument --shapes: 'cpu:B=7' selects no workloads; in 'cpu', batch ∈ [1, 2]"),

@@ -69,10 +69,10 @@ def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat
 
 
 def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(32, 128, 8, 3), pointers=False):
-    "Compile one pass of the backward (`bwd_dkdv` or `bwd_dq`), through descriptors or, on unaligned views, pointers."
-    width = D + (4 if pointers else 0)                        # a row stride of D + 4 elements is not 16-byte aligned: no TMA
-    q, do = (torch.empty(B, Hq, N, width, dtype=dtype)[..., :D] for _ in range(2))
-    k, v = (torch.empty(B, Hkv, N, width, dtype=dtype)[..., :D] for _ in range(2))
+    """Compile one pass of the backward (`bwd_dkdv` or `bwd_dq`) through descriptors or pointers, on aligned views: the
+    dispatcher copies a view TMA cannot address, so pointers serve GPUs without TMA, whose tensors are aligned."""
+    q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
+    k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
     c = Candidate(kernel, *config)
     if kernel == "bwd_dkdv":

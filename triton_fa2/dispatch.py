@@ -206,6 +206,8 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
     if B * Hq == 0: return configs
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         delta, m = _backward.launch_preprocess(o, do, lse, dlse)
+        if _forward._has_tma(q.device):   # a view TMA cannot address is copied once: each pass then streams it through TMA
+            q, k, v, do = (t if _forward._descriptors_fit(t) else t.contiguous() for t in (q, k, v, do))
         use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
         passes = (("bwd_dkdv", lambda c: _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma)),
