@@ -129,17 +129,17 @@ def decode_candidates(block_m:int,          # packed rows per program (`split_kv
 # %% ../nbs/93_candidates.ipynb #f85089e7
 _BWD = lambda kernel, *configs: tuple(Candidate(kernel, m, n, w, s) for m, n, w, s in configs)   # (BLOCK_M, BLOCK_N, warps, stages)
 BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
-    ("bwd_dkdv", 64, False): _BWD("bwd_dkdv", (32, 128, 8, 3), (64, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 8, 2)),
-    ("bwd_dkdv", 64, True): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (16, 64, 4, 2)),
-    ("bwd_dkdv", 128, False): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2), (16, 32, 4, 2)),
+    ("bwd_dkdv", 64, False): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 8, 2)),
+    ("bwd_dkdv", 64, True): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (16, 64, 4, 2)),
+    ("bwd_dkdv", 128, False): _BWD("bwd_dkdv", (32, 64, 8, 2), (16, 32, 4, 2)),
     ("bwd_dkdv", 128, True): _BWD("bwd_dkdv", (16, 128, 8, 3), (16, 32, 4, 2)),
-    ("bwd_dkdv", 256, False): _BWD("bwd_dkdv", (16, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2)),
+    ("bwd_dkdv", 256, False): _BWD("bwd_dkdv", (16, 32, 8, 2), (32, 32, 8, 2)),
     ("bwd_dkdv", 256, True): _BWD("bwd_dkdv", (16, 32, 8, 2)),
     ("bwd_dq", 64, False): _BWD("bwd_dq", (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
     ("bwd_dq", 64, True): _BWD("bwd_dq", (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)),
     ("bwd_dq", 128, False): _BWD("bwd_dq", (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
     ("bwd_dq", 128, True): _BWD("bwd_dq", (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 8, 2)),
-    ("bwd_dq", 256, False): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 4, 2), (64, 64, 4, 2)),
+    ("bwd_dq", 256, False): _BWD("bwd_dq", (64, 32, 8, 2), (32, 32, 4, 2)),
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2)),
 }
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
