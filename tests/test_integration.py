@@ -88,7 +88,7 @@ def test_padding_and_refusals():
     attn = model.model.layers[0].self_attn
     q, k = randn(1, 4, 5, 32), randn(1, 2, 5, 32)
     with pytest.raises(ValueError, match="arbitrary masks are not supported"): hf.attention_forward(attn, q, k, k, torch.zeros(1, 1, 5, 5))
-    with pytest.raises(ValueError, match="no dropout"): hf.attention_forward(attn, q, k, k, None, dropout=0.1)
+    with pytest.raises(ValueError, match="does not implement attention dropout"): hf.attention_forward(attn, q, k, k, None, dropout=0.1)
     with pytest.raises(ValueError, match="softcap"): hf.attention_forward(attn, q, k, k, None, softcap=30.0)
     with pytest.raises(ValueError, match="padding with a KV cache"):
         hf.attention_forward(attn, q[:, :, :1], k, k, torch.tensor([[1, 1, 1, 0, 0]], device=DEVICE))
