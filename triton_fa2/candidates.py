@@ -131,7 +131,7 @@ _BWD = lambda kernel, *configs: tuple(Candidate(kernel, m, n, w, s) for m, n, w,
 BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dkdv", 64, False): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 8, 2)),
     ("bwd_dkdv", 64, True): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (16, 64, 4, 2)),
-    ("bwd_dkdv", 128, False): _BWD("bwd_dkdv", (32, 64, 8, 2), (16, 32, 4, 2)),
+    ("bwd_dkdv", 128, False): _BWD("bwd_dkdv", (32, 64, 8, 2), (16, 32, 8, 2)),
     ("bwd_dkdv", 128, True): _BWD("bwd_dkdv", (16, 128, 8, 3), (16, 32, 4, 2)),
     ("bwd_dkdv", 256, False): _BWD("bwd_dkdv", (16, 32, 8, 2), (32, 32, 8, 2)),
     ("bwd_dkdv", 256, True): _BWD("bwd_dkdv", (16, 32, 8, 2)),
