@@ -1,7 +1,11 @@
 # Import the runtime first: without a GPU it sets TRITON_INTERPRET=1 before any kernel module is decorated.
 import triton_fa2.runtime  # noqa: F401
+import os, tempfile
 import pytest
 import torch
+
+# Tuned picks go to a directory of this run's own, never the user's tuning cache (and no run reads another's picks).
+os.environ["TRITON_FA2_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_fa2_tuning_cache_")
 
 
 def pytest_collection_modifyitems(config, items):

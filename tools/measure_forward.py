@@ -55,7 +55,7 @@ def main():
         for dtype in (torch.bfloat16, torch.float16):
             torch.manual_seed(0)
             q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
-            config = warmup(q, k, v, causal=causal).label
+            config = warmup(q, k, v, causal=causal, tune=True).label
             flops = attention_flops(B, H, N, N, D, causal)
             for name, fn in PROVIDERS.items():
                 o = fn(q, k, v, causal)                         # warm-up, and the output we check

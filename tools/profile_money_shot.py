@@ -55,7 +55,7 @@ def run(sass_out=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton_fa2.interface import attention, warmup
     q, k, v = (torch.randn(MONEY["B"], MONEY["H"], MONEY["N"], MONEY["D"], device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    config = warmup(q, k, v, causal=True)
+    config = warmup(q, k, v, causal=True, tune=True)
     print("config:", config, file=sys.stderr)
     def fa2():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION): return F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -32,6 +32,7 @@ from .__main__ import TOLERANCES, version
 from .causal import attention_flops, causal_pairs
 from .interface import attention, warmup
 from .naive import attention_ref
+from .tuning import tuning
 from .interface import decode
 
 # %% ../nbs/07_benchmarks.ipynb #11bd0a05
@@ -258,8 +259,8 @@ def sampled_error(w:Workload, o, q, k, v, refs:dict=None, do=None) -> float:
     return err
 
 def tuned_config(w:Workload, q, k, v) -> str:
-    "The tile config our autotuner picked for this prefill in this process, e.g. '64x64 w4 s3' (BLOCK_M×BLOCK_N, warps, stages)."
-    return warmup(q, k, v, causal=w.causal).label   # tuned already: warmup finds the pick (and runs it once)
+    "The tile config tuning picked for this prefill (timed in this process or read from the tuning cache), e.g. '64x64 w4 s3'."
+    return warmup(q, k, v, causal=w.causal, tune=True).label   # tuned already: warmup finds the pick (and runs it once)
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
     row = dict.fromkeys(COLUMNS + EXTRA_COLUMNS, "")      # the CSV's column order
@@ -299,6 +300,12 @@ def _call(w:Workload, provider:str):
     return gradients
 
 def measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None) -> dict:
+    """`_measure`, with triton_fa2 tuned: its first call of each new key times every candidate (or reads the pick an
+    earlier tuning saved), so that its figures are the tuned kernel's, not the first-call rule's."""
+    with tuning() if provider == "triton_fa2" else contextlib.nullcontext():
+        return _measure(w, provider, input_sets, meta, refs)
+
+def _measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None) -> dict:
     """Check one provider on one workload against the reference (`refs` from `sampled_reference` on input_sets[0], shared
     by all providers), then time it on a GPU; one CSV row, with the reason if skipped. Each input set is (q, k, v), for the
     gradient ops (q, k, v, do) (`Workload.inputs`)."""

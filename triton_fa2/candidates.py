@@ -65,7 +65,8 @@ PREFILL_GLUON = (Candidate("gluon", 64, 64, 4, 2, Q_IN_REGS=True), Candidate("gl
 WARP_SPECIALIZED_HEAD_DIMS = (128,)   # at D = 64 the warp-specialised kernel was slower than the others (11)
 
 DECODE = tuple(Candidate("decode", 0, n, w, s) for n, w, s in (      # (BLOCK_N, num_warps, num_stages)
-    (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3), (32, 8, 3)))
+    (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3), (32, 8, 3),
+    (32, 8, 1)))   # the last: the only one that fits 64 KiB (a T4) at D = 256 with 64 packed rows
 
 INTERPRETER_PREFILL = Candidate("tl", 32, 16, 4, 1)
 INTERPRETER_DECODE = Candidate("decode", 0, 16, 4, 1)
@@ -137,10 +138,10 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dkdv", 256, True): _BWD("bwd_dkdv", (16, 32, 8, 2)),
     ("bwd_dq", 64, False): _BWD("bwd_dq", (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
     ("bwd_dq", 64, True): _BWD("bwd_dq", (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)),
-    ("bwd_dq", 128, False): _BWD("bwd_dq", (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
+    ("bwd_dq", 128, False): _BWD("bwd_dq", (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 8, 2)),
     ("bwd_dq", 128, True): _BWD("bwd_dq", (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 8, 2)),
     ("bwd_dq", 256, False): _BWD("bwd_dq", (64, 32, 8, 2), (32, 32, 4, 2)),
-    ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2)),
+    ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
 }
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 

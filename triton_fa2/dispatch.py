@@ -1,4 +1,4 @@
-"""The dispatcher: for each call, which kernel and which candidate run. Every candidate of every kernel timed alike on the GPU the first time a shape is seen, the close ones timed again, the pick kept in one cache; then launched, through a saved launch where one exists.
+"""The dispatcher: for each call, which kernel and which candidate run. One config compiled on the first call (the tuning cache's, the GPU family's rule, or the safe default); every candidate timed alike when tuning is asked for; one cache of picks; safe from any thread; then launched, through a saved launch where one exists.
 
 Docs: https://triton-fa2.github.io/triton_fa2/dispatch.html.md"""
 
@@ -11,14 +11,17 @@ __all__ = []
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import json
+import logging
 import os
 import sys
+import threading
 import warnings
 import torch
 import triton
 from . import backward as _backward, forward as _forward, split_kv as _split_kv
 from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import _DecodeLaunch, _Launch, _decode_plan_key, _keep_plan, _plan_key, fast_launch_possible
+from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
 from .validation import _capability
 
 # %% ../nbs/94_dispatch.ipynb #55c3d0d5
@@ -81,6 +84,7 @@ def _tune_buckets(rows:int, seqlen_k:int) -> tuple:
 
 # %% ../nbs/94_dispatch.ipynb #d9617a45
 _PICKS = {}   # tuning key → the candidate chosen for it (prefill and decode keys differ in their first element)
+_TUNED = set()   # the keys whose pick was timed in this process or read from the tuning cache
 _PLANS, _DECODE_PLANS = {}, {}   # exact signature → a saved launch (`launch._Launch`, `launch._DecodeLaunch`), or False
 
 def _refusals() -> tuple:
@@ -101,15 +105,54 @@ def _time_candidates(candidates:list, run) -> dict:
             warnings.warn(f"triton_fa2: Gluon candidate {c.label} left out: {type(e).__name__}: {str(e)[:200]}")
     return timings
 
-def _choose(key:tuple, candidates:list, run) -> Candidate:
-    "The candidate for `key`: the only one, or the fastest after timing and confirmation; kept in `_PICKS`."
+def _device_name(device:str) -> str:
+    "The GPU model of a key's device ('NVIDIA H200'), or the device's type where it is no GPU."
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+
+def _median(t) -> float: return t[0] if isinstance(t, (list, tuple)) else t
+
+def _choose(key:tuple, candidates:list, run, rule:str=None) -> Candidate:
+    """The candidate for `key` (whose last element is the device), kept in `_PICKS`: the only one; the pick the tuning
+    cache saved for this GPU model; when tuning is asked for, the fastest after timing and confirmation, then saved;
+    else the rule's (`rule`, a label) if it is a candidate here, or the first candidate."""
+    labels = {c.label: c for c in candidates}
+    tune, saved = tuning_requested(), load_pick(key[:-1], _device_name(key[-1])) if len(candidates) > 1 else None
     if len(candidates) == 1: pick = candidates[0]
-    else:
+    elif saved in labels: pick = labels[saved]
+    elif tune:
+        say_once("tuning", logging.WARNING, "triton_fa2: tuning %s: compiling and timing %d candidates, seconds once per "
+                 "shape bucket and machine; the pick is saved in %s", key[:-1], len(candidates), cache_dir() or "no cache (TRITON_FA2_NO_CACHE)")
         timings = _time_candidates(candidates, run)
         if not timings: raise RuntimeError(f"triton_fa2: no candidate could be launched for {key}: {[c.label for c in candidates]}")
         pick = _confirm_pick(timings, run, key=key)
+        save_pick(key[:-1], _device_name(key[-1]), pick.label, {c.label: round(_median(t), 5) for c, t in timings.items()})
+    else:
+        pick = labels.get(rule, candidates[0])
+        say_once("compiling", logging.INFO, "triton_fa2: compiling %s for a new shape, about a second per kernel; "
+                 "triton_fa2.warmup(...) or `python -m triton_fa2 warmup ...` at start-up moves this out of the first call", pick.label)
+    if tune or saved in labels or len(candidates) == 1: _TUNED.add(key)
+    if _PICKS.get(key, pick) != pick: _forget_launches()   # a saved launch or a warm signature may name the old pick
     _PICKS[key] = pick
     return pick
+
+
+# %% ../nbs/94_dispatch.ipynb #ff4d8a59
+_FIRST_LAUNCH = threading.RLock()   # held by a call that may compile or choose, and by every launch in the interpreter
+_WARM = set()                       # signatures launched in this process: their kernels are compiled, their picks made
+
+def _signature(*args) -> tuple:
+    "What a launch specialises on: each tensor's shape, strides, dtype, device and 16-byte alignment; any other argument as it is."
+    return tuple((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args)
+
+def _serialised(signature:tuple):
+    """The lock for a call that may compile or choose (its signature not launched before, or tuning asked for) or runs
+    in the interpreter, whose state is global; for a warm call, nothing."""
+    if interpreting() or signature not in _WARM or tuning_requested(): return _FIRST_LAUNCH
+    return contextlib.nullcontext()
+
+def _forget_launches():
+    "After a pick changed: no saved launch, and no signature known to be compiled, may name the old one."
+    _PLANS.clear(); _DECODE_PLANS.clear(); _WARM.clear()
 
 # %% ../nbs/94_dispatch.ipynb #3cac53e8
 def _gluon_applies(q, head_dim:int, use_tma:bool, pack:bool, fixed_max:bool) -> bool:
@@ -138,9 +181,19 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
     if config is None and pack_gqa is None and use_tma is None and fixed_max and fast_launch_possible(q):
         plan_key = _plan_key(q, k, v, o, lse, causal, scale)
         plan = _PLANS.get(plan_key)
-        if plan:                                        # launched before with this signature: straight to Triton's C launcher
+        if plan and not tuning_requested():             # launched before with this signature: straight to Triton's C launcher
             plan(q, k, v, o, lse, scale * _forward.LOG2E)
             return plan.candidate
+    signature = _signature(q, k, v, o, lse, causal, scale > 0, config, pack_gqa, use_tma, fixed_max)
+    with _serialised(signature):
+        pick = _prefill(q, k, v, o, lse, causal, scale, config, pack_gqa, use_tma, fixed_max, plan_key)
+        _WARM.add(signature)
+    return pick
+
+def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_gqa:bool, use_tma:bool, fixed_max:bool, plan_key) -> Candidate:
+    "`_attention_forward` from the choice on, under `_serialised`'s lock where it may compile or choose."
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
     assert lse.is_contiguous() and lse.shape == (B, Hq, Lq) and o.shape == q.shape
     pack = _forward._should_pack_gqa(Lq, Hq // Hkv) if pack_gqa is None else pack_gqa
     fits = not pack and _forward._descriptors_fit(q, k, v, o)
@@ -156,9 +209,10 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
         return config
     key = ("prefill", D, causal, pack, *_tune_buckets(B * Hq * Lq, Lk), use_tma, scale > 0, fixed_max, str(q.dtype), str(lse.device))
     pick = _PICKS.get(key)
-    if pick is None or (pick.kernel == "gluon" and not gluon_ok):   # new, or a Gluon pick since turned off
+    if pick is None or (pick.kernel == "gluon" and not gluon_ok) or (key not in _TUNED and tuning_requested()):
         smem = _max_smem(lse.device.index) if lse.is_cuda else 0
-        pick = _choose(key, prefill_candidates(D, not use_tma, smem, gluon=gluon_ok), run)
+        rule = rule_config("prefill", _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda and not pack else None
+        pick = _choose(key, prefill_candidates(D, not use_tma, smem, gluon=gluon_ok), run, rule)
     try: launched = run(pick)
     except Exception as e:
         if pick.kernel != "gluon": raise
@@ -180,21 +234,25 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
         plan_key = _decode_plan_key(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits)
         plan = _DECODE_PLANS.get(plan_key)
     o_part, lse_part = _split_kv._partials(q, num_splits, o, lse)
-    if plan: return plan(q, k_cache, v_cache, k_cache if cache_seqlens is None else cache_seqlens, o_part, lse_part, o, lse)
+    if plan and not tuning_requested(): return plan(q, k_cache, v_cache, k_cache if cache_seqlens is None else cache_seqlens, o_part, lse_part, o, lse)
     def run(c):   # on the inputs' device, whichever is current: the timing's launches as much as the call's
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
             return _split_kv.launch(q, k_cache, v_cache, cache_seqlens, o, lse, o_part, lse_part, causal, scale, num_splits, c)
-    if config is None:
-        block_m = _split_kv._decode_block_m((Hq // Hkv) * Lq)
-        programs = triton.cdiv((Hq // Hkv) * Lq, block_m) * num_splits * B * Hkv
-        key = ("decode", D, causal, block_m, _bucket(programs, 1, 1024), _bucket(triton.cdiv(Lmax, num_splits), 16, 65536),
-               str(q.dtype), str(q.device))
-        config = _PICKS.get(key)
+    signature = _signature(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale > 0, num_splits, config)
+    with _serialised(signature):
         if config is None:
-            smem = _max_smem(q.device.index) if q.is_cuda else 0
-            config = _choose(key, decode_candidates(block_m, D, smem), run)
-    launched = run(config)
-    if plan_key is not None and plan_key not in _DECODE_PLANS: _keep_plan(_DECODE_PLANS, plan_key, lambda: _DecodeLaunch(*launched))
+            block_m = _split_kv._decode_block_m((Hq // Hkv) * Lq)
+            programs = triton.cdiv((Hq // Hkv) * Lq, block_m) * num_splits * B * Hkv
+            key = ("decode", D, causal, block_m, _bucket(programs, 1, 1024), _bucket(triton.cdiv(Lmax, num_splits), 16, 65536),
+                   str(q.dtype), str(q.device))
+            config = _PICKS.get(key)
+            if config is None or (key not in _TUNED and tuning_requested()):
+                smem = _max_smem(q.device.index) if q.is_cuda else 0
+                config = _choose(key, decode_candidates(block_m, D, smem), run)
+        launched = run(config)
+        if plan_key is not None and plan_key not in _DECODE_PLANS: _keep_plan(_DECODE_PLANS, plan_key, lambda: _DecodeLaunch(*launched))
+        _WARM.add(signature)
+
 
 # %% ../nbs/94_dispatch.ipynb #c501c142
 def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scale:float, configs:tuple=None) -> tuple:
@@ -204,7 +262,8 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq == 0: return configs
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+    signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs)
+    with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         delta, m = _backward.launch_preprocess(o, do, lse, dlse)
         if _forward._has_tma(q.device):   # a view TMA cannot address is copied once: each pass then streams it through TMA
             q, k, v, do = (t if _forward._descriptors_fit(t) else t.contiguous() for t in (q, k, v, do))
@@ -217,7 +276,11 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             pick = configs[i] if configs is not None else None
             if pick is None:
                 key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, str(q.dtype), str(q.device))
-                pick = _PICKS.get(key) or _choose(key, backward_candidates(kernel, D, not use_tma, smem), run)
+                pick = _PICKS.get(key)
+                if pick is None or (key not in _TUNED and tuning_requested()):
+                    rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
+                    pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run, rule)
             run(pick)
             picks.append(pick)
+        _WARM.add(signature)
     return tuple(picks)

@@ -9,11 +9,13 @@ __all__ = ['attention', 'flash_attn_func', 'decode', 'warmup']
 
 # %% ../nbs/97_interface.ipynb #13715041
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+import contextlib
 import torch
 from .candidates import Candidate
-from .dispatch import _attention_forward
+from .dispatch import _attention_backward, _attention_forward
 from .ops import _run_attention, _run_decode
 from .split_kv import _choose_num_splits
+from .tuning import tuning
 from .validation import _check_causal, _check_inputs, _check_num_splits, _check_seqlens
 
 # %% ../nbs/97_interface.ipynb #cfa28366
@@ -83,14 +85,24 @@ def decode(q:torch.Tensor,                   # (B, Hq, Lq, D) queries of the new
     return (o, lse) if return_lse else o
 
 # %% ../nbs/97_interface.ipynb #4e584b93
-def warmup(q:torch.Tensor, # (B, Hq, Lq, D) queries shaped like the real ones
-           k:torch.Tensor, # (B, Hkv, Lk, D) keys
-           v:torch.Tensor, # (B, Hkv, Lk, D) values
-           *, causal:bool=False, scale:float=None):  # the candidate the dispatcher chose for this key (on sm_90 perhaps a Gluon kernel's)
-    "Compile and tune `attention` for inputs like these now, so that timed calls and CUDA graphs measure the kernel alone."
+def warmup(q:torch.Tensor,       # (B, Hq, Lq, D) queries shaped like the real ones
+           k:torch.Tensor,       # (B, Hkv, Lk, D) keys
+           v:torch.Tensor,       # (B, Hkv, Lk, D) values
+           *,
+           causal:bool=False,
+           scale:float=None,
+           tune:bool=False,      # time every candidate and save the fastest in the tuning cache (seconds, once per machine)
+           backward:bool=False,  # also compile (with `tune`, tune) the backward, for training
+          ):                     # the forward's candidate for this key (on sm_90 perhaps a Gluon kernel's)
+    "Compile `attention` for inputs like these now (and tune it, with `tune`), so that real calls, timings and CUDA graphs run the kernel alone."
     causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
-    o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    config = _attention_forward(q, k, v, o, lse, causal, D ** -0.5 if scale is None else float(scale))
+    scale = D ** -0.5 if scale is None else float(scale)
+    with tuning() if tune else contextlib.nullcontext():
+        o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
+        config = _attention_forward(q, k, v, o, lse, causal, scale)
+        if backward:
+            grads = [torch.empty_like(t) for t in (q, k, v)]
+            _attention_backward(torch.randn_like(q), q, k, v, o, lse, None, *grads, causal, scale)
     if q.is_cuda: torch.cuda.synchronize(q.device)
     return config
