@@ -8,7 +8,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/tuning.html.md"""
 __all__ = ['RULE_FILES', 'GPU_FAMILIES', 'logger', 'rules', 'rule_config', 'cache_dir', 'load_pick', 'save_pick',
            'tuning_requested', 'tuning', 'say_once']
 
-# %% ../nbs/98_tuning.ipynb #95fb56d9
+# %% ../nbs/98_tuning.ipynb #e0da961e
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import contextlib
 import contextvars
@@ -26,7 +26,7 @@ import tempfile
 import warnings
 import triton
 
-# %% ../nbs/98_tuning.ipynb #fb20945e
+# %% ../nbs/98_tuning.ipynb #c048fa8a
 RULE_FILES = {(9, 0): "rules_sm90.json"}   # compute capability → rules measured on a GPU of that family, in the package
 
 GPU_FAMILIES = {   # compute capability → (GPUs of the family, shared memory a block may use): the GPUs the tables must fit
@@ -64,7 +64,7 @@ def rule_config(kernel:str,          # "prefill", "bwd_dkdv" or "bwd_dq"
     distance = lambda r: (abs(math.log2(r["seqlen_k"]) - math.log2(max(seqlen_k, 1))), -r["seqlen_k"])
     return min(found, key=distance)["config"]
 
-# %% ../nbs/98_tuning.ipynb #8066ce62
+# %% ../nbs/98_tuning.ipynb #74b762f9
 def cache_dir() -> pathlib.Path:
     "Where tuned picks are kept: `$TRITON_FA2_CACHE_DIR`, else `triton_fa2` under `$XDG_CACHE_HOME` or `~/.cache`; None when `TRITON_FA2_NO_CACHE=1`."
     if os.environ.get("TRITON_FA2_NO_CACHE", "") not in ("", "0"): return None
@@ -92,7 +92,7 @@ def _entry_path(directory:pathlib.Path, key:tuple, device_name:str) -> pathlib.P
     name = hashlib.sha256(json.dumps(list(key)).encode()).hexdigest()[:32]
     return directory / _namespace(device_name) / f"{name}.json"
 
-# %% ../nbs/98_tuning.ipynb #088fdd2f
+# %% ../nbs/98_tuning.ipynb #d1c68f52
 _WRITE_FAILED = []   # the first failure to write the cache, said once
 
 def load_pick(key:tuple,          # the dispatcher's tuning key, without the device index
@@ -143,7 +143,7 @@ def save_pick(key:tuple,           # the dispatcher's tuning key, without the de
                           "TRITON_FA2_NO_CACHE=1 to silence this", stacklevel=2)
         return None
 
-# %% ../nbs/98_tuning.ipynb #e14587cf
+# %% ../nbs/98_tuning.ipynb #135199c8
 _TUNE = contextvars.ContextVar("triton_fa2_tune", default=False)   # per thread (and per asyncio task)
 logger = logging.getLogger("triton_fa2")
 _SAID = set()
