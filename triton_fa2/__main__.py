@@ -124,9 +124,9 @@ def warmup_main(argv:list=None) -> int:   # the exit status: 0 (a usage error ex
             q = torch.randn(a.batch, a.heads, L, a.head_dim, device=device, dtype=_DTYPES[dtype])
             k, v = (torch.randn(a.batch, heads_kv, Lk, a.head_dim, device=device, dtype=_DTYPES[dtype]) for _ in range(2))
             start = time.perf_counter()
-            config = warmup(q, k, v, causal=a.causal, tune=a.tune, backward=a.backward)
+            picks = warmup(q, k, v, causal=a.causal, tune=a.tune, backward=a.backward)
             print(f"({a.batch}, {a.heads}/{heads_kv}, {L}x{Lk}, {a.head_dim}) {dtype} {'causal' if a.causal else 'full'}"
-                  f"{' +backward' if a.backward else ''}: {config.label}, {time.perf_counter() - start:.1f} s")
+                  f": {' + '.join(c.label for c in (picks if a.backward else [picks]))}, {time.perf_counter() - start:.1f} s")
     return 0
 
 # %% ../nbs/91_main.ipynb #e61f9b0d

@@ -259,8 +259,11 @@ def sampled_error(w:Workload, o, q, k, v, refs:dict=None, do=None) -> float:
     return err
 
 def tuned_config(w:Workload, q, k, v) -> str:
-    "The tile config tuning picked for this prefill (timed in this process or read from the tuning cache), e.g. '64x64 w4 s3'."
-    return warmup(q, k, v, causal=w.causal, tune=True).label   # tuned already: warmup finds the pick (and runs it once)
+    """The configs tuning picked for this workload (timed in this process or read from the tuning cache): a prefill's,
+    e.g. '64x64 w4 s3'; a backward's two passes, 'dkdv 32x64 w8 s2 + dq 128x64 w8 s2'; fwd_bwd's three."""
+    if w.op not in GRAD_OPS: return warmup(q, k, v, causal=w.causal, tune=True).label   # tuned already: finds the pick
+    picks = warmup(q, k, v, causal=w.causal, tune=True, backward=True)
+    return " + ".join(c.label for c in (picks[1:] if w.op == "backward" else picks))
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
     row = dict.fromkeys(COLUMNS + EXTRA_COLUMNS, "")      # the CSV's column order
@@ -319,7 +322,7 @@ def _measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=Non
     except torch.cuda.OutOfMemoryError:
         return _row(w, provider, meta, skip_reason="out of GPU memory")
     err = sampled_error(w, o, q, k, v, refs, *do)
-    if provider == "triton_fa2" and w.op == "prefill":       # which config ran: the autotuner's pick can differ between runs
+    if provider == "triton_fa2" and w.op != "decode":        # which configs ran: tuning's picks can differ between runs
         meta = dict(meta, config=tuned_config(w, q, k, v))
     if not err <= tol:
         return _row(w, provider, meta, max_err=f"{err:.2e}", skip_reason=f"wrong result: max error {err:.2e} > {tol:.1e}")

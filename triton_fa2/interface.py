@@ -93,7 +93,7 @@ def warmup(q:torch.Tensor,       # (B, Hq, Lq, D) queries shaped like the real o
            scale:float=None,
            tune:bool=False,      # time every candidate and save the fastest in the tuning cache (seconds, once per machine)
            backward:bool=False,  # also compile (with `tune`, tune) the backward, for training
-          ):                     # the forward's candidate for this key (on sm_90 perhaps a Gluon kernel's)
+          ):                     # the forward's candidate (on sm_90 perhaps a Gluon kernel's); with `backward`, (forward, dK/dV, dQ)
     "Compile `attention` for inputs like these now (and tune it, with `tune`), so that real calls, timings and CUDA graphs run the kernel alone."
     causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
@@ -103,6 +103,6 @@ def warmup(q:torch.Tensor,       # (B, Hq, Lq, D) queries shaped like the real o
         config = _attention_forward(q, k, v, o, lse, causal, scale)
         if backward:
             grads = [torch.empty_like(t) for t in (q, k, v)]
-            _attention_backward(torch.randn_like(q), q, k, v, o, lse, None, *grads, causal, scale)
+            passes = _attention_backward(torch.randn_like(q), q, k, v, o, lse, None, *grads, causal, scale)
     if q.is_cuda: torch.cuda.synchronize(q.device)
-    return config
+    return (config, *passes) if backward else config
