@@ -1,7 +1,7 @@
 """One definition of which keys a block of query rows visits. The causal key bounds are `forward._kv_key_bounds`, a jit
 function that every kernel calls (the `tl` prefill kernel, the decode kernel, both Gluon kernels); this checks it
 against the PyTorch reference of chapter 02 (`tiling.kv_block_range`) on a grid of shapes, for plain and GQA-packed
-rows, and that no kernel module computes the bounds by itself. The backward's dK/dV pass needs the relation the other way
+rows, and that no kernel module (packed sequences' included) computes the bounds by itself. The backward's dK/dV pass needs the relation the other way
 round (which rows see a block of keys): `backward._q_row_bounds`, checked against the same definition."""
 import inspect
 import re
@@ -14,6 +14,7 @@ import triton.language as tl
 import triton_fa2.backward as bwd
 import triton_fa2.forward as fwd
 import triton_fa2.split_kv as split_kv
+import triton_fa2.varlen as varlen
 from triton_fa2.backward import _q_row_bounds
 from triton_fa2.forward import _kv_key_bounds, _program_block, _q_block_rows
 from triton_fa2.runtime import default_device
@@ -71,7 +72,8 @@ def test_key_bounds_agree_with_the_definition_and_chapter_02(causal, group):
 
 def test_no_kernel_computes_the_bounds_itself():
     "Which keys a row sees (`position + Lk − Lq + 1`, clamped) is written once, in `_kv_key_bounds`; every kernel calls it."
-    sources = {"forward": inspect.getsource(fwd), "split_kv": inspect.getsource(split_kv), "backward": inspect.getsource(bwd)}
+    sources = {"forward": inspect.getsource(fwd), "split_kv": inspect.getsource(split_kv), "backward": inspect.getsource(bwd),
+               "varlen": inspect.getsource(varlen)}
     try:
         from triton_fa2 import gluon
         sources["gluon"] = inspect.getsource(gluon)

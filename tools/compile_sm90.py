@@ -15,6 +15,7 @@ import torch, triton
 import triton_fa2.backward as bwd
 import triton_fa2.forward as fwd
 import triton_fa2.split_kv as split_kv
+import triton_fa2.varlen as varlen
 from triton_fa2 import candidates, gluon
 from triton_fa2.candidates import Candidate
 from triton_fa2.runtime import compile_for_gpu, cuobjdump, resource_usage
@@ -57,6 +58,17 @@ def compile_packed(B=2, Hq=32, Hkv=8, N=64, D=128, causal=True, dtype=torch.bflo
     return kernel.compiled[0]
 
 
+def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3)):
+    "Compile `_attn_fwd_varlen` (packed sequences, pointers) for sequences of these lengths."
+    total = sum(lengths)
+    q, o = torch.empty(total, Hq, D, dtype=dtype), torch.empty(total, Hq, D, dtype=dtype)
+    k, v = (torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    with offline(varlen, "_attn_fwd_varlen") as (kernel,):
+        varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, max(lengths), causal, D ** -0.5, Candidate("tl", *config))
+    return kernel.compiled[0]
+
+
 def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4):
     "Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits."
     q = torch.empty(B, Hq, Lq, D, dtype=dtype)
@@ -87,7 +99,7 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
 def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
-    through descriptors and packed through pointers; decode at D 128 and 256, with one query per sequence and with 64
+    through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries); the combine; the backward's two passes, every candidate of each table at its
     head-dim tile width and path; Gluon: every candidate at each of its head dims."""
     jobs = []
@@ -97,6 +109,9 @@ def shipped():
                 path = "packed pointers" if pointers else "descriptors"
                 config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
                 jobs.append((f"prefill {c.label} D={D} {path}", ("packed" if pointers else "forward", D, config, None)))
+        for c in candidates.prefill_candidates(D, True, H200_SMEM):
+            config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+            jobs.append((f"varlen {c.label} D={D}", ("varlen", D, config, None)))
     for Hkv, Lq in ((8, 1), (4, 8)):
         rows = 32 // Hkv * Lq
         for D in (128, 256):
@@ -121,6 +136,7 @@ def compile_job(job) -> list:
     kind, D, config, heads = job
     if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
     elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
+    elif kind == "varlen": kernels = [("_attn_fwd_varlen", compile_varlen(D=D, config=config))]
     elif kind == "backward":
         kernel, pointers = heads
         kernels = [(kernel, compile_backward(kernel, D=D, config=config, pointers=pointers))]

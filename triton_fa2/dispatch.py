@@ -18,7 +18,7 @@ import threading
 import warnings
 import torch
 import triton
-from . import backward as _backward, forward as _forward, split_kv as _split_kv
+from . import backward as _backward, forward as _forward, split_kv as _split_kv, varlen as _varlen
 from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import _DecodeLaunch, _Launch, _decode_plan_key, _keep_plan, _plan_key, fast_launch_possible
 from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
@@ -284,3 +284,21 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             picks.append(pick)
         _WARM.add(signature)
     return tuple(picks)
+
+# %% ../nbs/94_dispatch.ipynb #7baaa96a
+def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool,
+                    scale:float, config:Candidate=None) -> Candidate:
+    """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), into o (shaped as q) and lse
+    (Hq, total_q); returns the candidate launched. `config` bypasses the choice."""
+    total_q, Hq, D = q.shape
+    signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal, scale > 0, config)
+    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c)
+    with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        if config is None:
+            key = ("varlen", D, causal, *_tune_buckets(total_q * Hq, max_seqlen_k), str(q.dtype), str(q.device))
+            config = _PICKS.get(key)
+            if config is None or (key not in _TUNED and tuning_requested()):
+                config = _choose(key, prefill_candidates(D, True, _max_smem(q.device.index) if q.is_cuda else 0), run)
+        run(config)
+        _WARM.add(signature)
+    return config

@@ -130,3 +130,43 @@ def _check_num_splits(num_splits):
     if isinstance(num_splits, bool) or not isinstance(num_splits, int): raise TypeError(f"num_splits must be an int or None, got {type(num_splits).__name__}")
     if not 1 <= num_splits <= 1024: raise ValueError(f"num_splits must be between 1 and 1024, got {num_splits}")
     return num_splits
+
+# %% ../nbs/92_validation.ipynb #7aca364e
+def _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes):
+    "ValueError for the flash-attn arguments that are not implemented, at anything but their defaults."
+    if dropout_p != 0.0: raise ValueError(f"dropout_p must be 0.0: triton_fa2 does not implement attention dropout, got {dropout_p}")
+    if tuple(window_size) != (-1, -1): raise ValueError(f"window_size must be (-1, -1): sliding windows are not supported yet, got {window_size}")
+    if softcap != 0.0: raise ValueError(f"softcap must be 0.0: softcapping is not supported yet, got {softcap}")
+    if alibi_slopes is not None: raise ValueError("alibi_slopes must be None: ALiBi is not supported yet")
+
+# %% ../nbs/92_validation.ipynb #37a7dae4
+def _check_cu_seqlens(cu, name:str, total:int, max_seqlen, device:torch.device) -> int:
+    "The batch size of `cu`, an int32 (batch + 1,) tensor on `device`; its values checked where they are on the CPU."
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 torch.Tensor of shape (batch + 1,), got "
+                        f"{cu.dtype if isinstance(cu, torch.Tensor) else _type_name(cu)}; pass {name}.to(torch.int32)")
+    if cu.dim() != 1 or cu.numel() < 1: raise ValueError(f"{name} must be 1-D with batch + 1 ≥ 1 entries, got shape {tuple(cu.shape)}")
+    if cu.device != device: raise ValueError(f"{name} is on {cu.device}, q on {device}: the offsets must be on q's device")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise TypeError(f"max_seqlen_{name[-1]} must be an int ≥ 0 (the longest sequence), got {max_seqlen!r}")
+    if cu.device.type == "cpu" and not torch.compiler.is_compiling():
+        lengths = cu.diff()
+        if cu[0] != 0 or (lengths < 0).any() or cu[-1] > total:
+            raise ValueError(f"{name} must start at 0, never decrease and end at most at {total} (the packed rows), got {cu.tolist()[:12]}")
+        if lengths.numel() and lengths.max() > max_seqlen:
+            raise ValueError(f"max_seqlen_{name[-1]}={max_seqlen} is shorter than a sequence of {name} ({int(lengths.max())} rows)")
+    return cu.numel() - 1
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale) -> tuple:
+    "Check packed sequences for `flash_attn_varlen_func`; return (batch, Hq, Hkv, D)."
+    for name, t in dict(q=q, k=k, v=v).items():
+        if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
+        if t.dim() != 3: raise ValueError(f"{name} must be 3-D (total_{'q' if name == 'q' else 'k'}, heads, head_dim), got {name}.shape={tuple(t.shape)}")
+    if k.shape != v.shape: raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q's heads must be a multiple of k's (GQA), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    _check_inputs(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)), causal, scale, fn=None)
+    batch = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, q.device)
+    if _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, q.device) != batch:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    return batch, q.shape[1], k.shape[1], q.shape[2]
