@@ -1,8 +1,12 @@
 """flash_attn_varlen_func against a float64 reference per sequence: ragged lengths (0, 1, odd), chunked prefill
-(Lq < Lk per sequence), GQA, both dtypes, odd head dims, strided inputs, poisoned outputs, and every refusal."""
+(Lq < Lk per sequence), GQA, both dtypes, odd head dims, strided inputs, poisoned outputs, gradients (into a packed QKV
+buffer, through the LSE too), the operators under opcheck and torch.compile, and every refusal."""
 import pytest
 import torch
 import triton_fa2
+from triton_fa2 import dispatch, ops
+from triton_fa2.backward import attention_backward_ref
+from triton_fa2.runtime import interpreting
 from triton_fa2 import flash_attn_varlen_func
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device
@@ -112,9 +116,101 @@ def test_bad_inputs_are_refused(change, error, message):
         flash_attn_varlen_func(**args)
 
 
-def test_training_is_refused_with_the_alternative():
-    q = torch.randn(10, 2, 32, device=device, dtype=torch.float16, requires_grad=True)
-    cu = offsets([4, 6])
-    with pytest.raises(NotImplementedError, match="no backward yet"):
-        flash_attn_varlen_func(q, q.detach(), q.detach(), cu, cu, 6, 6)
-    with torch.no_grad(): flash_attn_varlen_func(q, q.detach(), q.detach(), cu, cu, 6, 6)
+GRAD_TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def grad_reference(q, k, v, do, cu_q, cu_k, causal, scale, dlse=None):
+    "dq, dk, dv in float64, each sequence through the dense reference of chapter 12; zero outside every sequence."
+    grads = [torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in (q, k, v)]
+    seq = lambda t, a, z: t[a:z].transpose(0, 1)[None]
+    for b in range(cu_q.numel() - 1):
+        (q0, q1), (k0, k1) = cu_q[b:b + 2].tolist(), cu_k[b:b + 2].tolist()
+        refs = attention_backward_ref(seq(q, q0, q1), seq(k, k0, k1), seq(v, k0, k1), seq(do, q0, q1), causal=causal, scale=scale,
+                                      dlse=None if dlse is None else dlse[None, :, q0:q1])
+        for g, r, (a, z) in zip(grads, refs, ((q0, q1), (k0, k1), (k0, k1))): g[a:z] = r[0].transpose(0, 1)
+    return grads
+
+
+def relative_error(got, ref):
+    return ((got.double() - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item() if ref.numel() else 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lengths_q,lengths_k,Hq,Hkv,D", [
+    ([37, 0, 1, 50, 9], [37, 5, 17, 50, 30], 4, 2, 40),   # an empty sequence (its keys: zero gradients), chunked prefill
+    ([21, 64], [21, 64], 6, 2, 64),
+    ([5, 18], [0, 18], 2, 1, 16),                          # no keys: dq = 0
+])
+def test_gradients(lengths_q, lengths_k, Hq, Hkv, D, causal, dtype):
+    cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
+    q = torch.randn(sum(lengths_q), Hq, D, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(sum(lengths_k), Hkv, D, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal)
+    do = torch.randn_like(out)
+    out.backward(do)
+    refs = grad_reference(q.detach(), k.detach(), v.detach(), do, cu_q, cu_k, causal, D ** -0.5)
+    for name, got, ref in zip("qkv", (q.grad, k.grad, v.grad), refs):
+        assert got.dtype == dtype and got.shape == ref.shape and not got.isnan().any(), name
+        assert relative_error(got, ref) <= GRAD_TOL[dtype], (name, relative_error(got, ref))
+
+
+def test_gradients_land_in_a_packed_qkv_buffer_and_flow_through_the_lse():
+    "q, k, v slices of one (total, 3·H, D) leaf; the loss uses out and the LSE (a sink of gradient as ring attention uses)."
+    lengths = [19, 1, 44]
+    cu = offsets(lengths)
+    qkv = torch.randn(sum(lengths), 3 * 2, 32, device=device, dtype=torch.float16, requires_grad=True)
+    q, k, v = qkv[:, :2], qkv[:, 2:4], qkv[:, 4:]
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, 44, 44, causal=True, return_attn_probs=True)
+    do, dlse = torch.randn_like(out), torch.randn_like(lse)
+    ((out.float() * do).sum() + (lse * dlse).sum()).backward()
+    refs = grad_reference(q.detach(), k.detach(), v.detach(), do, cu, cu, True, 32 ** -0.5, dlse=dlse)
+    for got, ref in zip((qkv.grad[:, :2], qkv.grad[:, 2:4], qkv.grad[:, 4:]), refs):
+        assert relative_error(got, ref) <= GRAD_TOL[torch.float16]
+
+
+def test_rows_outside_every_sequence_are_zero_and_the_backward_fills_poisoned_buffers():
+    "Offsets that end before the packed rows: those rows come back 0 (never uninitialised); the dispatcher's backward writes every gradient of a sequence."
+    q = torch.randn(12, 2, 16, device=device, dtype=torch.float16)
+    cu = offsets([4, 6])                                      # rows 10 and 11 belong to no sequence
+    out, lse, _ = flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, return_attn_probs=True)
+    assert (out[10:] == 0).all() and (lse[:, 10:] == float("-inf")).all()
+    do = torch.randn_like(q)
+    grads = [torch.full_like(q, float("nan")) for _ in range(3)]
+    dispatch._varlen_backward(do, q, q, q, out, lse, None, cu, cu, 6, 6, *grads, False, 0.25)
+    assert not any(g[:10].isnan().any() for g in grads)
+
+
+def test_opcheck_and_torch_compile():
+    "The operators pass `torch.library.opcheck` (autograd included); a compiled training step has no graph break."
+    lengths = [7, 12]
+    cu = offsets(lengths)
+    q = torch.randn(19, 4, 32, device=device, dtype=torch.float16, requires_grad=True)
+    k, v = (torch.randn(19, 2, 32, device=device, dtype=torch.float16, requires_grad=True) for _ in range(2))
+    torch.library.opcheck(ops._varlen_op, (q, k, v, cu, cu, 12, 12, True, 0.2))
+    out, lse = ops._varlen_op(q.detach(), k.detach(), v.detach(), cu, cu, 12, 12, True, 0.2)
+    torch.library.opcheck(ops._varlen_backward_op, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, None,
+                                                    cu, cu, 12, 12, True, 0.2))
+    step = lambda q, k, v: flash_attn_varlen_func(q, k, v, cu, cu, 12, 12, causal=True).float().square().sum()
+    eager = torch.autograd.grad(step(q, k, v), (q, k, v))
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if interpreting() else "inductor")
+    for a, b in zip(eager, torch.autograd.grad(compiled(q, k, v), (q, k, v))): torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_serving_sized_batch():
+    "A serving-sized ragged batch on the GPU: 64 sequences from 1 to 4000 tokens, GQA 4:1, D = 128, bf16, forward and backward."
+    g = torch.Generator().manual_seed(0)
+    lengths_k = torch.randint(1, 4000, (64,), generator=g).tolist()
+    lengths_q = [max(1, n // 3) for n in lengths_k]           # chunked prefill: each sequence's last third
+    check(lengths_q, lengths_k, 32, 8, 128, torch.bfloat16, True)
+    cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
+    q = torch.randn(sum(lengths_q), 32, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(sum(lengths_k), 8, 128, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True)
+    do = torch.randn_like(out)
+    out.backward(do)
+    few = offsets(lengths_q[:3]), offsets(lengths_k[:3])      # the reference on the first three sequences
+    nq, nk = few[0][-1].item(), few[1][-1].item()
+    refs = grad_reference(q.detach()[:nq].float(), k.detach()[:nk].float(), v.detach()[:nk].float(), do[:nq].float(), *few, True, 128 ** -0.5)
+    for got, ref in zip((q.grad[:nq], k.grad[:nk], v.grad[:nk]), refs): assert relative_error(got, ref) <= GRAD_TOL[torch.bfloat16]

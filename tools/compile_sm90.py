@@ -69,6 +69,23 @@ def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dty
     return kernel.compiled[0]
 
 
+def compile_varlen_backward(kernel, lengths=(700, 2048, 1), Hq=8, Hkv=2, D=128, causal=True, dtype=torch.bfloat16, config=(32, 64, 4, 2)):
+    "Compile one backward pass of packed sequences (`bwd_dkdv` or `bwd_dq`, pointers) for sequences of these lengths."
+    total = sum(lengths)
+    q, do = (torch.empty(total, Hq, D, dtype=dtype) for _ in range(2))
+    k, v = (torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2))
+    m = delta = torch.empty(Hq, total)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    c = Candidate(kernel, *config)
+    if kernel == "bwd_dkdv":
+        with offline(varlen, "_attn_bwd_dkdv_varlen") as (compiled,):
+            varlen.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c)
+    else:
+        with offline(varlen, "_attn_bwd_dq_varlen") as (compiled,):
+            varlen.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c)
+    return compiled.compiled[0]
+
+
 def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4):
     "Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits."
     q = torch.empty(B, Hq, Lq, D, dtype=dtype)
@@ -101,7 +118,7 @@ def shipped():
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries); the combine; the backward's two passes, every candidate of each table at its
-    head-dim tile width and path; Gluon: every candidate at each of its head dims."""
+    head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):
         for pointers in (False, True):
@@ -125,6 +142,8 @@ def shipped():
             config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
             path = "pointers" if pointers else "descriptors"
             jobs.append((f"backward {c.label} D={block_d} {path}", ("backward", block_d, config, (kernel, pointers))))
+            if pointers and (c, block_d) not in candidates.VARLEN_BACKWARD_SPILLS:
+                jobs.append((f"varlen backward {c.label} D={block_d}", ("varlen_backward", block_d, config, kernel)))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -137,6 +156,7 @@ def compile_job(job) -> list:
     if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
     elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
     elif kind == "varlen": kernels = [("_attn_fwd_varlen", compile_varlen(D=D, config=config))]
+    elif kind == "varlen_backward": kernels = [(heads, compile_varlen_backward(heads, D=D, config=config))]
     elif kind == "backward":
         kernel, pointers = heads
         kernels = [(kernel, compile_backward(kernel, D=D, config=config, pointers=pointers))]

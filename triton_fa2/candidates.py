@@ -6,8 +6,9 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 
 # %% auto #0
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
-           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'BACKWARD', 'INTERPRETER_BACKWARD', 'Candidate',
-           'fits', 'prefill_candidates', 'decode_candidates', 'backward_candidates']
+           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'BACKWARD', 'INTERPRETER_BACKWARD',
+           'VARLEN_BACKWARD_SPILLS', 'Candidate', 'fits', 'prefill_candidates', 'decode_candidates',
+           'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -144,6 +145,9 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
 }
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
+# Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
+# sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
+VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (Candidate("bwd_dq", 64, 32, 8, 2), 256)})
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
@@ -155,10 +159,11 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         head_dim:int,       # D
                         pointers:bool,      # tiles through pointers (unaligned views, no TMA)
                         smem_limit:int,     # the device's shared memory per block
+                        varlen:bool=False,  # the passes of packed sequences (pointers only)
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
     block_d = min(max(triton.next_power_of_2(head_dim), 64), 256)
-    table = BACKWARD[(kernel, block_d, pointers)]
+    table = [c for c in BACKWARD[(kernel, block_d, pointers or varlen)] if not varlen or (c, block_d) not in VARLEN_BACKWARD_SPILLS]
     kept = [c for c in table if _backward_smem_bytes(c, block_d) <= smem_limit]
     return kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]

@@ -302,3 +302,31 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
         run(config)
         _WARM.add(signature)
     return config
+
+# %% ../nbs/94_dispatch.ipynb #a5015c0b
+def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int,
+                     dq, dk, dv, causal:bool, scale:float, configs:tuple=None) -> tuple:
+    """Gradients of packed sequences into dq (shaped as q) and dk, dv (shaped as k, v) from do, q, k, v, o (packed),
+    lse and dlse (Hq, total_q; dlse may be None). `configs`: (dK/dV candidate, dQ candidate), bypassing the choice."""
+    total_q, Hq, D = q.shape
+    signature = _signature(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, causal, scale > 0, configs)
+    with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        delta, m = _varlen.launch_backward_preprocess(o, do, lse, dlse)
+        smem = _max_smem(q.device.index) if q.is_cuda else 0
+        passes = (("bwd_dkdv", lambda c: _varlen.launch_dkdv(q, k, v, do, dk, dv, m, delta, cu_seqlens_q, cu_seqlens_k,
+                                                             max_seqlen_k, causal, scale, c)),
+                  ("bwd_dq", lambda c: _varlen.launch_dq(q, k, v, do, dq, m, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                         causal, scale, c)))
+        picks = []
+        for i, (kernel, run) in enumerate(passes):
+            pick = configs[i] if configs is not None else None
+            if pick is None:
+                key = ("varlen_" + kernel, D, causal, _bucket(Hq // k.shape[1], 1, 16), *_tune_buckets(total_q * Hq, max_seqlen_k),
+                       str(q.dtype), str(q.device))
+                pick = _PICKS.get(key)
+                if pick is None or (key not in _TUNED and tuning_requested()):
+                    pick = _choose(key, backward_candidates(kernel, D, True, smem, varlen=True), run)
+            run(pick)
+            picks.append(pick)
+        _WARM.add(signature)
+    return tuple(picks)

@@ -12,8 +12,8 @@ from .runtime import interpreting  # first: without a GPU it turns the interpret
 import contextlib
 import torch
 from .candidates import Candidate
-from .dispatch import _attention_backward, _attention_forward, _varlen_forward
-from .ops import _run_attention, _run_decode
+from .dispatch import _attention_backward, _attention_forward
+from .ops import _run_attention, _run_decode, _run_varlen
 from .split_kv import _choose_num_splits
 from .tuning import tuning
 from .validation import _check_causal, _check_inputs, _check_num_splits, _check_seqlens, _check_varlen, _refuse_unsupported
@@ -76,23 +76,17 @@ def flash_attn_varlen_func(q:torch.Tensor,             # (total_q, Hq, D) querie
                            window_size:tuple=(-1, -1), # must be (-1, -1): no sliding window yet
                            softcap:float=0.0,          # must be 0.0
                            alibi_slopes=None,          # must be None
-                           deterministic:bool=False,   # accepted: the forward is deterministic
+                           deterministic:bool=False,   # accepted: forward and backward are always deterministic (no atomics)
                            return_attn_probs:bool=False, # also return (softmax_lse (Hq, total_q) float32, None)
                            block_table=None,           # must be None: paged K/V is not supported here yet
-                          ):                           # out (total_q, Hq, D) in q's dtype; with return_attn_probs, (out, softmax_lse, None)
-    "Drop-in for `flash_attn.flash_attn_varlen_func`'s forward: attention of sequences of different lengths packed end to end."
+                          ):                           # out (total_q, Hq, D) in q's dtype, 0 in rows of no sequence; with return_attn_probs, (out, softmax_lse, None)
+    "Drop-in for `flash_attn.flash_attn_varlen_func`: attention of sequences of different lengths packed end to end, forward and backward."
     _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     if block_table is not None: raise NotImplementedError("block_table must be None: paged K/V in flash_attn_varlen_func is not supported yet")
     causal = _check_causal(causal)
     batch, Hq, Hkv, D = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("flash_attn_varlen_func has no backward yet: call it under torch.no_grad() or "
-                                  "torch.inference_mode(), or pass detached tensors; to train on padded batches, use "
-                                  "flash_attn_func, which is differentiable")
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(Hq, q.shape[0], device=q.device, dtype=torch.float32)
-    _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                    D ** -0.5 if softmax_scale is None else float(softmax_scale))
+    out, lse = _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                           D ** -0.5 if softmax_scale is None else float(softmax_scale))
     return (out, lse, None) if return_attn_probs else out
 
 # %% ../nbs/97_interface.ipynb #1ce2194f

@@ -10,7 +10,7 @@ __all__ = []
 # %% ../nbs/96_ops.ipynb #04825f73
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import torch
-from .dispatch import _attention_backward, _attention_forward, _decode_forward
+from .dispatch import _attention_backward, _attention_forward, _decode_forward, _varlen_backward, _varlen_forward
 
 # %% ../nbs/96_ops.ipynb #3fc5ef30
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
@@ -89,6 +89,49 @@ def _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
 _decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, bool causal, "
                                     "float scale, int num_splits) -> (Tensor, Tensor)", _decode_impl, _decode_fake)
 
+# %% ../nbs/96_ops.ipynb #bcfcdaf6
+def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    "Packed q (total_q, Hq, D), k, v (total_k, Hkv, D) in; out (total_q, Hq, D) and lse (Hq, total_q) float32 out."
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    return out, lse
+
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+_varlen_op = _define_operator(_OPS, "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                                    "int max_seqlen_q, int max_seqlen_k, bool causal, float scale) -> (Tensor, Tensor)",
+                              _varlen_impl, _varlen_fake)
+
+def _varlen_backward_impl(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if do.stride(-1) != 1 or 0 in do.stride(): do = do.contiguous()
+    if dlse is not None: dlse = dlse.float().contiguous()
+    _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, causal, scale)
+    return dq, dk, dv
+
+def _varlen_backward_fake(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+_varlen_backward_op = _define_operator(_OPS, "varlen_attention_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, "
+                                             "Tensor lse, Tensor? dlse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+                                             "int max_seqlen_k, bool causal, float scale) -> (Tensor, Tensor, Tensor)",
+                                       _varlen_backward_impl, _varlen_backward_fake)
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.causal, ctx.scale = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k)
+
+def _varlen_grad(ctx, do, dlse):
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = _varlen_backward_op(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
+                                     ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None
+
+torch.library.register_autograd(f"{_OPS}::varlen_attention", _varlen_grad, setup_context=_varlen_setup_context, lib=_LIBRARIES[_OPS])
+torch.library.register_autograd(f"{_OPS}::varlen_attention_backward", _no_double_backward, lib=_LIBRARIES[_OPS])
+
 # %% ../nbs/96_ops.ipynb #12493f1a
 def _plain_eager(*tensors) -> bool:
     "No tracing, mode, tensor subclass or profiler: nothing that needs to see the operator rather than what it runs."
@@ -110,3 +153,9 @@ def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, nu
     if _plain_eager(q, k_cache, v_cache, *([] if cache_seqlens is None else [cache_seqlens])):
         return _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits)
     return _decode_op(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits)
+
+def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool, scale:float):
+    "`triton_fa2::varlen_attention`; in plain eager calls without gradients, its implementation directly."
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    if _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k) and not _needs_grad(q, k, v): return _varlen_impl(*args)
+    return _varlen_op(*args)
