@@ -1,5 +1,6 @@
 """PyTorch integration: the custom operators pass opcheck and compile without graph breaks; the transformers backend
-matches SDPA on a tiny Llama built from a config (logits, greedy generation, padding) and refuses what it cannot do."""
+matches SDPA on a tiny Llama built from a config (logits, greedy generation, left and right padding in prefill, generation
+and training) and refuses what it cannot do."""
 import re
 import subprocess
 import sys
@@ -84,18 +85,21 @@ def test_padding_and_refusals():
         alone = model(ids[1:, :15]).logits.float()
         assert (padded[1, :15] - alone[0]).abs().max().item() < 2e-2       # right padding: real tokens exact
         left = torch.ones_like(mask); left[1, :9] = 0
-        with pytest.raises(ValueError, match="right-padded batches only"): model(ids, attention_mask=left)
+        assert (model(ids, attention_mask=left).logits[1, 9:].float() - model(ids[1:, 9:]).logits[0].float()).abs().max() < 2e-2
     attn = model.model.layers[0].self_attn
     q, k = randn(1, 4, 5, 32), randn(1, 2, 5, 32)
     with pytest.raises(ValueError, match="arbitrary masks are not supported"): hf.attention_forward(attn, q, k, k, torch.zeros(1, 1, 5, 5))
     with pytest.raises(ValueError, match="does not implement attention dropout"): hf.attention_forward(attn, q, k, k, None, dropout=0.1)
     with pytest.raises(ValueError, match="softcap"): hf.attention_forward(attn, q, k, k, None, softcap=30.0)
-    with pytest.raises(ValueError, match="padding with a KV cache"):
-        hf.attention_forward(attn, q[:, :, :1], k, k, torch.tensor([[1, 1, 1, 0, 0]], device=DEVICE))
+    # one new token against a cache with padding inside (right-padded prompt, then generated tokens): only real keys are read
+    out, _ = hf.attention_forward(attn, q[:, :, :1], k, k, torch.tensor([[1, 1, 0, 0, 1]], device=DEVICE))
+    real = k[:, :, [0, 1, 4]]
+    assert (out.float() - triton_fa2.attention(q[:, :, :1], real, real, causal=True).transpose(1, 2).float()).abs().max() < 2e-3
     # non-causal (encoder-style) with right padding: padded keys are never read
     out, weights = hf.attention_forward(attn, q, k, k, torch.tensor([[1, 1, 1, 0, 0]], device=DEVICE), is_causal=False)
-    ref = triton_fa2.attention(q, k[:, :, :3], k[:, :, :3]).transpose(1, 2)
-    assert weights is None and out.shape == (1, 5, 4, 32) and (out.float() - ref.float()).abs().max().item() < 2e-3
+    ref = triton_fa2.attention(q[:, :, :3], k[:, :, :3], k[:, :, :3]).transpose(1, 2)
+    assert weights is None and out.shape == (1, 5, 4, 32) and (out[:, :3].float() - ref.float()).abs().max().item() < 2e-3
+    assert (out[:, 3:] == 0).all()                                          # padded queries: zeros, as flash-attn's path gives
 
 
 def test_float32_model_is_told_how_to_load():
@@ -127,7 +131,8 @@ def test_compiled_model_with_masks_and_a_cache():
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager" if DEVICE.type == "cpu" else "inductor")
     with torch.no_grad():
         for m in (None, mask):
-            assert (compiled(ids, attention_mask=m).logits.float() - model(ids, attention_mask=m).logits.float()).abs().max() < 2e-2
+            real = slice(None) if m is None else m.bool()          # padded positions: zeros eagerly, unread either way
+            assert (compiled(ids, attention_mask=m).logits[real].float() - model(ids, attention_mask=m).logits[real].float()).abs().max() < 2e-2
         with pytest.raises(ValueError, match="right-padded batches only"): compiled(ids, attention_mask=left)
         # one decode step after a prefill, through the compiled model: the all-ones mask reaches attention_forward
         out = model(ids[:1, :8], use_cache=True)
@@ -152,18 +157,21 @@ def test_register_without_transformers_names_the_extra():
     assert "ERR" in run.stdout and "triton_fa2[hf]" in run.stdout, run.stdout + run.stderr
 
 
-def train_steps(config_kwargs, implementation, steps=3, device=DEVICE, dtype=torch.bfloat16, seq=64, batch=2):
-    "A Llama built from a config with one seed, trained `steps` SGD steps with one attention: the losses and the last gradients."
+def train_steps(config_kwargs, implementation, steps=3, device=DEVICE, dtype=torch.bfloat16, seq=64, batch=2, left_pad=0):
+    """A Llama built from a config with one seed, trained `steps` SGD steps with one attention: the losses and the last
+    gradients. `left_pad`: the last sequence's first tokens are padding (masked, and no loss on them)."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(attention_dropout=0.0, **config_kwargs)
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype).train()
     model.set_attn_implementation(implementation)
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
+    mask = torch.ones_like(ids); mask[-1, :left_pad] = 0
+    labels = ids.masked_fill(mask == 0, -100)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = model(ids, labels=ids).loss
+        loss = model(ids, attention_mask=mask if left_pad else None, labels=labels).loss
         loss.backward()
         losses.append(loss.item())
         grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if "self_attn" in n}
@@ -186,6 +194,46 @@ def test_tiny_llama_trains_like_sdpa():
     "Training mode, dropout 0: a few SGD steps give sdpa's losses, and the attention weights' gradients agree in bf16."
     check_training_matches_sdpa(dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2), seq=40)
+
+
+def test_tiny_llama_trains_like_sdpa_on_a_padded_batch():
+    "A left-padded batch in training: packed sequences forward and backward, sdpa's losses and gradients."
+    check_training_matches_sdpa(dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2), seq=40, left_pad=13)
+
+
+def test_a_left_padded_batch_generates_what_each_prompt_generates_alone():
+    "Greedy generation of a left-padded batch (what generate builds for decoder models) with a KV cache: sdpa's tokens, and each prompt's alone."
+    hf.register()
+    model = tiny_llama()
+    prompts = torch.randint(1, 256, (2, 10), device=DEVICE)
+    mask = torch.ones_like(prompts); mask[1, :4] = 0
+    run = lambda ids, m=None: model.generate(ids, attention_mask=m, max_new_tokens=6, do_sample=False, pad_token_id=0)[:, ids.shape[1]:]
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa"); ref = run(prompts, mask)
+        model.set_attn_implementation("triton_fa2"); ours, alone = run(prompts, mask), run(prompts[1:, 4:])
+    assert torch.equal(ours, ref), (ours, ref)
+    assert torch.equal(ours[1], alone[0]), (ours, alone)
+
+
+def test_a_right_padded_batch_then_tokens_after_the_padding():
+    """Right padding with a KV cache: after a prefill, new tokens come after the padding, so the cache's mask has holes.
+    The new tokens' logits are sdpa's; greedy generation runs (its first token, read at a padded position, is
+    meaningless for any implementation, as transformers warns)."""
+    hf.register()
+    model = tiny_llama()
+    prompts = torch.randint(1, 256, (2, 10), device=DEVICE)
+    mask = torch.ones_like(prompts); mask[1, 6:] = 0
+    new = torch.randint(1, 256, (2, 2), device=DEVICE)
+    logits = {}
+    with torch.no_grad():
+        for implementation in ("sdpa", "triton_fa2"):
+            model.set_attn_implementation(implementation)
+            cache = model(prompts, attention_mask=mask, use_cache=True).past_key_values
+            step = model(new, attention_mask=torch.cat([mask, torch.ones_like(new)], 1), past_key_values=cache)
+            logits[implementation] = step.logits.float()
+        assert (logits["triton_fa2"] - logits["sdpa"]).abs().max() < 2e-2
+        model.generate(prompts, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
 
 
 def test_attention_dropout_is_refused_in_training():

@@ -11,7 +11,7 @@ __all__ = ['padding_mask', 'attention_forward', 'register']
 import torch
 from .ops import _attention_op, _define_operator, _run_attention
 from .validation import _check_inputs
-from .interface import decode
+from .interface import decode, flash_attn_varlen_func
 
 # %% ../nbs/10_integration.ipynb #80776a62
 def _padding_lengths_impl(mask:torch.Tensor, padding_allowed:bool) -> torch.Tensor:
@@ -21,11 +21,13 @@ def _padding_lengths_impl(mask:torch.Tensor, padding_allowed:bool) -> torch.Tens
     lengths = mask.sum(-1)
     prefix = torch.arange(mask.shape[-1], device=mask.device)[None, :] < lengths[:, None]
     if not torch.equal(mask, prefix):
-        raise ValueError("triton_fa2 supports right-padded batches only (each row of the attention mask is ones, then zeros); "
-                         "got left padding or holes. Use padding_side='right', or attn_implementation='sdpa' for this model")
+        raise ValueError("under torch.compile, triton_fa2 supports right-padded batches only (each row of the attention mask is "
+                         "ones, then zeros); got left padding or holes. Run the model eagerly (any padding works there), "
+                         "use padding_side='right', or attn_implementation='sdpa' for this model")
     if not padding_allowed and not bool(mask.all()):
-        raise ValueError("triton_fa2 cannot combine padding with a KV cache yet (the padded keys sit inside the cache); "
-                         "generate without padding (batch size 1 or equal lengths) or use attn_implementation='sdpa'")
+        raise ValueError("under torch.compile, triton_fa2 cannot combine padding with a KV cache (the padded keys sit inside "
+                         "the cache); run the model eagerly (any padding works there), generate without padding, or use "
+                         "attn_implementation='sdpa'")
     return lengths.to(torch.int32)
 
 def _padding_lengths_fake(mask, padding_allowed): return mask.new_empty(mask.shape[0], dtype=torch.int32)
@@ -54,6 +56,20 @@ def _check_model_dtype(module, query):
         raise TypeError(f"triton_fa2 runs fp16 and bf16 attention, got a {query.dtype} model; load it with dtype=torch.bfloat16 "
                         "(or torch.float16), or convert it with model.to(torch.bfloat16)")
 
+def _unpadded_attention(query, key, value, mask, causal:bool, scale:float) -> torch.Tensor:
+    """A padded batch as packed sequences: each row's real keys (the mask's ones, in order) and real queries (its last Lq
+    columns) gathered end to end, `flash_attn_varlen_func`, and the rows scattered back, zeros at padded queries.
+    (B, Hq, Lq, D) and (B, Hkv, Lk, D) in, (B, Lq, Hq, D) out; differentiable."""
+    B, Hq, Lq, D = query.shape
+    mask = mask.bool()
+    q_mask = mask[:, -Lq:]
+    q_rows, k_rows = (m.flatten().nonzero().squeeze(1) for m in (q_mask, mask))
+    pack = lambda t, rows: t.transpose(1, 2).reshape(-1, t.shape[1], D).index_select(0, rows)   # (real rows, H, D)
+    offsets = lambda m: torch.nn.functional.pad(m.sum(1).cumsum(0, dtype=torch.int32), (1, 0))
+    out = flash_attn_varlen_func(pack(query, q_rows), pack(key, k_rows), pack(value, k_rows), offsets(q_mask), offsets(mask),
+                                 int(q_mask.sum(1).max()), int(mask.sum(1).max()), softmax_scale=scale, causal=causal)
+    return out.new_zeros(B * Lq, Hq, D).index_copy(0, q_rows, out).view(B, Lq, Hq, D)
+
 def attention_forward(module:torch.nn.Module,  # the model's attention layer (read: is_causal)
                       query:torch.Tensor,      # (B, Hq, Lq, D)
                       key:torch.Tensor,        # (B, Hkv, Lk, D), the cache included, not repeated for GQA
@@ -77,6 +93,8 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
         if attention_mask.dim() != 2:
             raise ValueError(f"triton_fa2 takes no mask or a 2-D padding mask, got a {attention_mask.dim()}-D mask: arbitrary masks are "
                              "not supported yet. Register it with triton_fa2.hf.register(), which also registers the matching mask function")
+        if not torch.compiler.is_compiling() and B:      # eagerly, any padding: packed sequences
+            return _unpadded_attention(query, key, value, attention_mask[:, -Lk:], causal, scale), None
         lengths = _padding_lengths(attention_mask[:, -Lk:], not causal or Lq == Lk)
         if not causal or Lq != Lk:                     # padded keys never read; with a cache, every length is Lk
             out = decode(query, key, value, cache_seqlens=lengths, causal=causal, scale=scale)
