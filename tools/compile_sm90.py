@@ -86,14 +86,19 @@ def compile_varlen_backward(kernel, lengths=(700, 2048, 1), Hq=8, Hkv=2, D=128, 
     return compiled.compiled[0]
 
 
-def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4):
-    "Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits."
+def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4, page_size=0):
+    """Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits; with
+    `page_size`, on a paged cache ((pages, Hkv, page_size, D) views and a block table)."""
     q = torch.empty(B, Hq, Lq, D, dtype=dtype)
-    k_cache, v_cache = (torch.empty(B, Hkv, Lmax, D, dtype=dtype) for _ in range(2))
+    if page_size:
+        pages = B * Lmax // page_size
+        k_cache, v_cache = (torch.empty(pages, page_size, Hkv, D, dtype=dtype).transpose(1, 2) for _ in range(2))
+        table = torch.arange(pages, dtype=torch.int32).view(B, -1)
+    else: k_cache, v_cache, table = *(torch.empty(B, Hkv, Lmax, D, dtype=dtype) for _ in range(2)), None
     o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq)
     with offline(split_kv, "_decode_fwd", "_combine_splits") as (split, combine):
         split_kv.launch(q, k_cache, v_cache, torch.full((B,), Lmax, dtype=torch.int32), o, lse,
-                        *split_kv._partials(q, num_splits, o, lse), True, D ** -0.5, num_splits, Candidate("decode", 0, *config))
+                        *split_kv._partials(q, num_splits, o, lse), True, D ** -0.5, num_splits, Candidate("decode", 0, *config), table)
     return split.compiled[0], combine.compiled[0]
 
 
@@ -117,7 +122,7 @@ def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate; decode at D 128 and 256, with one query per sequence and with 64
-    packed rows (GQA 8:1 over 8 queries); the combine; the backward's two passes, every candidate of each table at its
+    packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
     head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):
@@ -136,6 +141,9 @@ def shipped():
                 config = (c.BLOCK_N, c.num_warps, c.num_stages)
                 jobs.append((f"decode BLOCK_N={config[0]} w{config[1]} s{config[2]} D={D} rows={rows} + combine",
                              ("decode", D, config, (Hkv, Lq))))
+                for page_size in (16, 1):                      # a paged cache: vLLM's pages and SGLang's
+                    jobs.append((f"decode BLOCK_N={config[0]} w{config[1]} s{config[2]} D={D} rows={rows} pages of {page_size}",
+                                 ("paged", D, config, (Hkv, Lq, page_size))))
     for (kernel, block_d, pointers), table in candidates.BACKWARD.items():
         for c in table:
             if candidates._backward_smem_bytes(c, block_d) > H200_SMEM: continue
@@ -163,6 +171,9 @@ def compile_job(job) -> list:
     elif kind == "decode":
         Hkv, Lq = heads
         kernels = list(zip(("_decode_fwd", "_combine_splits"), compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config)))
+    elif kind == "paged":
+        Hkv, Lq, page_size = heads
+        kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
     return [(n, dict(resource_usage(k), sass=sass_hash(k))) for n, k in kernels]
 

@@ -86,22 +86,29 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
                     kv_z=0, kv_h=0,                        # with USE_TMA: the batch and KV head the descriptors are read at
-                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, FIXED_MAX: tl.constexpr = False):
+                    USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, FIXED_MAX: tl.constexpr = False,
+                    block_table=None, stride_kp=0, stride_vp=0,   # with PAGE_SIZE: the sequence's pages and the caches' page strides
+                    PAGE_SIZE: tl.constexpr = 0):          # a paged cache (06): k_src, v_src at its KV head, key j in page j // PAGE_SIZE
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if USE_TMA: k = k_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+        if PAGE_SIZE > 0:                                    # each key's page from the table: no key outside a named page is read
+            page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
+            in_page = (cols % PAGE_SIZE)[:, None].to(tl.int64)
+            k = _load_rows(k_src + page[:, None] * stride_kp + in_page * stride_kn, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        elif USE_TMA: k = k_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else: qk = tl.dot(q, tl.trans(k))
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL,
                                            FOLD_SCALE, FIXED_MAX)
         if not FIXED_MAX: acc = acc * alpha[:, None]
-        if USE_TMA: v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+        if PAGE_SIZE > 0: v = _load_rows(v_src + page[:, None] * stride_vp + in_page * stride_vn, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        elif USE_TMA: v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: v = _load_rows(v_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         p = p.to(v.dtype)                                    # the tensor cores take P in the input dtype
         if DOT_FP32: acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
         else: acc = tl.dot(p, v, acc)
-        if not USE_TMA:
+        if not USE_TMA and PAGE_SIZE == 0:
             k_src += BLOCK_N * stride_kn
             v_src += BLOCK_N * stride_vn
     return acc, l_i, m_i

@@ -77,17 +77,19 @@ def _no_double_backward(ctx, *grads):
 torch.library.register_autograd(f"{_OPS}::attention_backward", _no_double_backward, lib=_LIBRARIES[_OPS])
 
 # %% ../nbs/96_ops.ipynb #8be3c105
-def _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
-    "(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out."
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table=None, cache_batch_idx=None, cache_leftpad=None):
+    """(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out. With a
+    `block_table`, the caches are (pages, Hkv, page_size, D) views of a paged cache."""
     o, lse = _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits)
-    _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits)
+    _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits, None, block_table, cache_batch_idx, cache_leftpad)
     return o, lse
 
-def _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits):
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table=None, cache_batch_idx=None, cache_leftpad=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
 
-_decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, bool causal, "
-                                    "float scale, int num_splits) -> (Tensor, Tensor)", _decode_impl, _decode_fake)
+_decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, bool causal, float scale, "
+                                    "int num_splits, Tensor? block_table=None, Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None) "
+                                    "-> (Tensor, Tensor)", _decode_impl, _decode_fake)
 
 # %% ../nbs/96_ops.ipynb #bcfcdaf6
 def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
@@ -148,11 +150,12 @@ def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool):
     if _plain_eager(q, k, v) and not _needs_grad(q, k, v): return _attention_impl(q, k, v, causal, scale, flash_layout)
     return _attention_op(q, k, v, causal, scale, flash_layout)
 
-def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, num_splits:int):
+def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, num_splits:int, block_table=None,
+                cache_batch_idx=None, cache_leftpad=None):
     "`triton_fa2::decode`; in plain eager calls, its implementation directly."
-    if _plain_eager(q, k_cache, v_cache, *([] if cache_seqlens is None else [cache_seqlens])):
-        return _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits)
-    return _decode_op(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits)
+    args = (q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table, cache_batch_idx, cache_leftpad)
+    if _plain_eager(*(t for t in args if isinstance(t, torch.Tensor))): return _decode_impl(*args)
+    return _decode_op(*args)
 
 def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool, scale:float):
     "`triton_fa2::varlen_attention`; in plain eager calls without gradients, its implementation directly."

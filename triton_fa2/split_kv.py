@@ -88,8 +88,10 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
                 stride_os, stride_oz, stride_oh, stride_om, stride_lse_s,  # split strides are 0 when S = 1
                 num_heads_kv, group_size, seqlen_q, max_seqlen_k, num_splits,
                 qk_scale,                                 # softmax scale · log2(e)
+                BLOCK_TABLE, stride_bt,                   # paged: int32 (B, pages) page numbers; K, V (pages, Hkv, PAGE_SIZE, D)
+                BATCH_IDX, LEFTPAD,                       # int32 (B,) or None: each row's cache row, and where its keys start
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr,
-                DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr = 0):
     pid = tl.program_id(0)
     num_rows = seqlen_q * group_size                      # packed: the g query heads of one KV head
     start_m, rest = _program_block(pid, tl.cdiv(num_rows, BLOCK_M), False)
@@ -101,6 +103,12 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
         seqlen_k = tl.minimum(tl.maximum(tl.load(SEQLENS + off_z), 0), max_seqlen_k)
     else:
         seqlen_k = max_seqlen_k
+    key_start = 0                                         # cache_leftpad: keys [start, seqlen) of the row are the sequence
+    if LEFTPAD is not None:
+        key_start = tl.minimum(tl.maximum(tl.load(LEFTPAD + off_z), 0), seqlen_k)
+        seqlen_k -= key_start
+    cache_z = off_z
+    if BATCH_IDX is not None: cache_z = tl.load(BATCH_IDX + off_z).to(tl.int64)
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen_k, BLOCK_N), num_splits)
     split_lo = split * tiles_per_split * BLOCK_N          # this split's keys: [split_lo, split_hi), empty if lo ≥ hi
     split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, seqlen_k)
@@ -114,9 +122,15 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     q_ptrs = Q + off_z * stride_qz + heads * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
-    keys = (split_lo + offs_n)[:, None].to(tl.int64)
-    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + keys * stride_kn + offs_d[None, :]
-    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + keys * stride_vn + offs_d[None, :]
+    table = BLOCK_TABLE
+    if PAGE_SIZE > 0:                                     # the inner loop finds each key's page: pointers at the KV head only
+        table = BLOCK_TABLE + off_z * stride_bt
+        k_ptrs = K + off_hkv * stride_kh + offs_d[None, :]
+        v_ptrs = V + off_hkv * stride_vh + offs_d[None, :]
+    else:
+        keys = (key_start + split_lo + offs_n)[:, None].to(tl.int64)
+        k_ptrs = K + cache_z * stride_kz + off_hkv * stride_kh + keys * stride_kn + offs_d[None, :]
+        v_ptrs = V + cache_z * stride_vz + off_hkv * stride_vh + keys * stride_vn + offs_d[None, :]
     q = _load_rows(q_ptrs, rows, num_rows, offs_d, HEAD_DIM, BLOCK_D, True)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -125,12 +139,15 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     diag_offset = seqlen_k - seqlen_q
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     split_lo, mid, seqlen_k, diag_offset, qk_scale,
-                                    MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32)
-    k_ptrs += (mid - split_lo).to(tl.int64) * stride_kn
-    v_ptrs += (mid - split_lo).to(tl.int64) * stride_vn
+                                    MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                    block_table=table, stride_kp=stride_kz, stride_vp=stride_vz, PAGE_SIZE=PAGE_SIZE)
+    if PAGE_SIZE == 0:
+        k_ptrs += (mid - split_lo).to(tl.int64) * stride_kn
+        v_ptrs += (mid - split_lo).to(tl.int64) * stride_vn
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     mid, hi, seqlen_k, diag_offset, qk_scale,    # masks scores *and* K/V rows ≥ seqlen_k
-                                    MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32)
+                                    MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                    block_table=table, stride_kp=stride_kz, stride_vp=stride_vz, PAGE_SIZE=PAGE_SIZE)
 
     o, lse = _normalize_rows(acc, l_i, m_i)               # an empty split: O = 0, lse = −∞
     split = split.to(tl.int64)
@@ -211,6 +228,9 @@ def launch(q, k_cache, v_cache,             # (B, H, L, D) views
            o_part, lse_part,                # `_partials(q, num_splits, o, lse)`
            causal:bool, scale:float, num_splits:int,
            candidate:Candidate,             # a "decode" candidate: BLOCK_N, warps, stages (and a register cap)
+           block_table=None,                # int32 (B, pages): the caches are paged, (pages, Hkv, page_size, D) views
+           cache_batch_idx=None,            # int32 (B,): the cache row of each batch row (contiguous caches)
+           cache_leftpad=None,              # int32 (B,): where each row's keys start (contiguous caches)
           ) -> tuple:                       # what `launch._DecodeLaunch` takes: each kernel, its grid and all its arguments
     "Launch the split kernel, and the combine when keys are split, with one candidate."
     B, Hq, Lq, D = q.shape
@@ -221,9 +241,13 @@ def launch(q, k_cache, v_cache,             # (B, H, L, D) views
     block_m, block_d = _decode_block_m(rows), max(triton.next_power_of_2(D), 16)
     programs = triton.cdiv(rows, block_m) * num_splits * B * Hkv
     split_args = [q, k_cache, v_cache, o_part, lse_part, seqlens, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
-                  split_strides[0], *o_part.stride()[-4:-1], split_strides[1], Hkv, Hq // Hkv, Lq, Lmax, num_splits, scale * LOG2E]
+                  split_strides[0], *o_part.stride()[-4:-1], split_strides[1], Hkv, Hq // Hkv, Lq, Lmax, num_splits, scale * LOG2E,
+                  block_table, 0 if block_table is None else block_table.stride(0), cache_batch_idx, cache_leftpad]
+    if block_table is not None:                     # a row's keys: as many as its pages hold
+        split_args[_DECODE_FWD_ARGS.index("max_seqlen_k")] = block_table.shape[1] * k_cache.shape[2]
     split_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None,
-                           DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=block_m, BLOCK_N=candidate.BLOCK_N)
+                           DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=block_m, BLOCK_N=candidate.BLOCK_N,
+                           PAGE_SIZE=0 if block_table is None else k_cache.shape[2])
     split = _decode_fwd[(programs,)](*split_args, **split_constants, **candidate.launch_options)
     combine, combine_args = None, [o_part, lse_part, o, lse, *o.stride()[:3], Hq, Lq, num_splits, B * Hq * Lq]
     combine_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))

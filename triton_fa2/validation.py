@@ -170,3 +170,56 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     if _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, q.device) != batch:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     return batch, q.shape[1], k.shape[1], q.shape[2]
+
+# %% ../nbs/92_validation.ipynb #1855c8bf
+def _check_index(t, name:str, shape:tuple, device:torch.device, upper:int=None):
+    "None, or an int32 tensor of this shape on `device`, its values in [0, upper) where they are on the CPU."
+    if t is None: return None
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 torch.Tensor of shape {shape}, got {t.dtype if isinstance(t, torch.Tensor) else _type_name(t)}")
+    if tuple(t.shape) != tuple(shape): raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.device != device: raise ValueError(f"{name} is on {t.device}, q on {device}")
+    if upper is not None and t.device.type == "cpu" and t.numel() and not torch.compiler.is_compiling() and (t.min() < 0 or t.max() >= upper):
+        raise ValueError(f"{name} must lie in [0, {upper}), got min {int(t.min())} and max {int(t.max())}")
+    return t
+
+def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, causal, scale) -> tuple:
+    """Check `flash_attn_with_kvcache`'s arguments; return (cache_seqlens as int32 (B,) on q's device or None, the keys a
+    row can hold)."""
+    for name, t in dict(q=q, k_cache=k_cache, v_cache=v_cache).items():
+        if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
+        if t.dim() != 4: raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got {name}.shape={tuple(t.shape)}")
+    if k_cache.shape != v_cache.shape: raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_cache.shape[0] == 0 or k_cache.shape[1] == 0: raise ValueError(f"k_cache must hold at least one row and one key, got {tuple(k_cache.shape)}")
+    B = q.shape[0]
+    stand_in = lambda t: t[:1].transpose(1, 2).expand(B, -1, -1, -1)   # the checks of (B, H, L, D) tensors, on one cache row
+    _check_inputs(q.transpose(1, 2), stand_in(k_cache), stand_in(v_cache), causal, scale, fn=None)
+    if block_table is not None:
+        if cache_batch_idx is not None or cache_leftpad is not None:
+            raise ValueError("cache_batch_idx and cache_leftpad apply to contiguous caches: with block_table, name each row's pages instead")
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+            raise ValueError(f"block_table must be an int32 tensor of shape (batch, pages per row), got {getattr(block_table, 'shape', type(block_table).__name__)}")
+        _check_index(block_table, "block_table", (B, block_table.shape[1]), q.device, k_cache.shape[0])
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        if cache_batch_idx is None and k_cache.shape[0] != B:
+            raise ValueError(f"k_cache must have one row per batch row ({B}), got {k_cache.shape[0]}; pass cache_batch_idx to map rows")
+        _check_index(cache_batch_idx, "cache_batch_idx", (B,), q.device, k_cache.shape[0])
+        capacity = k_cache.shape[1]
+        _check_index(cache_leftpad, "cache_leftpad", (B,), q.device, capacity + 1)
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
+    cache_seqlens = _check_seqlens(cache_seqlens, B, capacity, q.device)
+    if (k is None) != (v is None): raise ValueError("k and v must be given together (the new tokens' keys and values) or not at all")
+    if k is not None:
+        for name, t in dict(k=k, v=v).items():
+            if not isinstance(t, torch.Tensor) or t.shape[0] != B or t.shape[2:] != k_cache.shape[2:] or t.dim() != 4:
+                raise ValueError(f"{name} must be (batch, new tokens, Hkv, D) = ({B}, n, {k_cache.shape[2]}, {k_cache.shape[3]}), got {getattr(t, 'shape', None)}")
+            if t.dtype != k_cache.dtype or t.device != k_cache.device:
+                raise TypeError(f"{name} must have the cache's dtype and device ({k_cache.dtype}, {k_cache.device}), got {t.dtype}, {t.device}")
+        if cache_seqlens is None: raise ValueError("k and v are appended at cache_seqlens: pass cache_seqlens with them")
+        if cache_seqlens.device.type == "cpu" and B and int(cache_seqlens.max()) + k.shape[1] > capacity:
+            raise ValueError(f"appending {k.shape[1]} tokens at cache_seqlens (max {int(cache_seqlens.max())}) overflows the cache's {capacity} keys per row")
+    if cache_leftpad is not None and cache_seqlens is not None and cache_seqlens.device.type == "cpu" and B and (cache_leftpad > cache_seqlens).any():
+        raise ValueError("cache_leftpad must not exceed cache_seqlens: a row's keys are [cache_leftpad, cache_seqlens)")
+    return cache_seqlens, capacity

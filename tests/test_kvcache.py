@@ -1,0 +1,150 @@
+"""flash_attn_with_kvcache against the float64 reference: contiguous and paged caches (pages of 1, 16 and 7, scattered,
+spare pages full of NaN), the new tokens written in place (checked in the cache itself), cache_batch_idx,
+cache_leftpad, splits, the LSE, GQA, both dtypes; and every refusal."""
+import pytest
+import torch
+import triton_fa2
+from triton_fa2 import flash_attn_with_kvcache
+from triton_fa2.naive import attention_ref
+from triton_fa2.runtime import default_device
+
+device = default_device()
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def reference(q, keys, values, lengths, causal, scale=None):
+    "q (B, Lq, Hq, D); keys, values: per row, (L_b, Hkv, D). Float64 out (B, Lq, Hq, D) and lse (B, Hq, Lq)."
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        n = int(lengths[b])
+        o, l = attention_ref(q[b:b + 1].transpose(1, 2), keys[b][None, :n].transpose(1, 2), values[b][None, :n].transpose(1, 2),
+                             causal=causal, scale=scale, upcast=torch.float64)
+        outs.append(o.transpose(1, 2)); lses.append(l)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def paged(dense, lengths, page_size, spare=3, seed=0):
+    "A paged copy of a dense (B, Lmax, H, D) cache: each row's pages scattered at random in a pool with spare NaN pages."
+    B, Lmax, H, D = dense.shape
+    per_row = -(-Lmax // page_size)
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(B * per_row + spare, generator=g)
+    pool = torch.full((B * per_row + spare, page_size, H, D), float("nan"), dtype=dense.dtype, device=dense.device)
+    table = order[:B * per_row].view(B, per_row).to(torch.int32).to(dense.device)
+    for b in range(B):
+        for j in range(int(lengths[b])): pool[table[b, j // page_size], j % page_size] = dense[b, j]
+    return pool, table
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("page_size", [0, 1, 7, 16], ids=["contiguous", "page1", "page7", "page16"])
+@pytest.mark.parametrize("Lq,Lnew,causal", [(1, 1, True), (3, 3, True), (2, 0, False), (4, 2, True)])
+def test_append_then_attend(Lq, Lnew, causal, page_size, dtype):
+    "Lnew new tokens appended at cache_seqlens, then Lq queries (the last tokens) attend: GQA 2:1, ragged lengths, NaN past them."
+    B, Hq, Hkv, D, Lmax = 3, 4, 2, 32, 40
+    lengths = torch.tensor([5, 0, 31], dtype=torch.int32)
+    dense_k, dense_v = (torch.randn(B, Lmax, Hkv, D, device=device, dtype=dtype) for _ in range(2))
+    for t in (dense_k, dense_v):
+        for b in range(B): t[b, int(lengths[b]):] = float("nan")
+    q = torch.randn(B, Lq, Hq, D, device=device, dtype=dtype)
+    new = [torch.randn(B, Lnew, Hkv, D, device=device, dtype=dtype) for _ in range(2)] if Lnew else [None, None]
+    if page_size: (k_cache, table), (v_cache, _) = paged(dense_k, lengths, page_size), paged(dense_v, lengths, page_size)
+    else: k_cache, v_cache, table = dense_k.clone(), dense_v.clone(), None
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, *new, cache_seqlens=lengths.to(device), block_table=table,
+                                       causal=causal, return_softmax_lse=True)
+    total = lengths + Lnew
+    keys, values = dense_k.clone(), dense_v.clone()
+    for b in range(B):
+        n = int(lengths[b])
+        if Lnew: keys[b, n:n + Lnew], values[b, n:n + Lnew] = new[0][b], new[1][b]
+        for j in range(n, n + Lnew):                               # written in place, in the cache itself
+            where = (table[b, j // page_size], j % page_size) if page_size else (b, j)
+            assert torch.equal(k_cache[where], new[0][b, j - n]) and torch.equal(v_cache[where], new[1][b, j - n])
+    o_ref, lse_ref = reference(q, keys, values, total, causal)
+    assert out.shape == q.shape and lse.shape == (B, Hq, Lq) and not out.isnan().any()
+    assert ((out.double() - o_ref).abs().max() / o_ref.abs().max().clamp(min=1)).item() <= TOL[dtype]
+    finite = lse_ref.isfinite()
+    assert torch.equal(lse.isfinite(), finite) and (lse.double()[finite] - lse_ref[finite]).abs().max() <= 1e-3
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+def test_batch_idx_leftpad_and_splits(num_splits):
+    "cache_batch_idx picks each row's cache row; cache_leftpad where its keys start; the result as if the rows were alone."
+    B, Hq, Hkv, D = 2, 4, 1, 16
+    cache_k, cache_v = (torch.randn(4, 30, Hkv, D, device=device, dtype=torch.float16) for _ in range(2))
+    cache_k[0] = float("nan")                                      # a row nobody uses
+    idx = torch.tensor([3, 1], dtype=torch.int32, device=device)
+    leftpad = torch.tensor([4, 0], dtype=torch.int32, device=device)
+    lengths = torch.tensor([20, 9], dtype=torch.int32, device=device)
+    cache_k[3, :4] = float("nan")                                  # left padding: never read
+    q = torch.randn(B, 1, Hq, D, device=device, dtype=torch.float16)
+    out = flash_attn_with_kvcache(q, cache_k, cache_v, cache_seqlens=lengths, cache_batch_idx=idx, cache_leftpad=leftpad,
+                                  causal=True, num_splits=num_splits)
+    keys = [cache_k[3, 4:20], cache_k[1, :9]]
+    values = [cache_v[3, 4:20], cache_v[1, :9]]
+    o_ref, _ = reference(q, [k for k in keys], [v for v in values], [16, 9], True)
+    assert not out.isnan().any() and (out.double() - o_ref).abs().max() <= 2e-3
+
+
+def test_cache_seqlens_as_an_int_and_none():
+    q = torch.randn(2, 1, 2, 16, device=device, dtype=torch.float16)
+    cache = torch.randn(2, 12, 2, 16, device=device, dtype=torch.float16)
+    full = flash_attn_with_kvcache(q, cache, cache)
+    torch.testing.assert_close(flash_attn_with_kvcache(q, cache, cache, cache_seqlens=12), full)
+    o_ref, _ = reference(q, list(cache), list(cache), [12, 12], False)
+    assert (full.double() - o_ref).abs().max() <= 2e-3
+
+
+def test_exported_and_signature_is_flash_attns():
+    import inspect
+    assert triton_fa2.flash_attn_with_kvcache is flash_attn_with_kvcache
+    assert list(inspect.signature(flash_attn_with_kvcache).parameters) == [
+        "q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
+        "block_table", "softmax_scale", "causal", "window_size", "softcap", "rotary_interleaved", "alibi_slopes", "num_splits",
+        "return_softmax_lse"]
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (dict(block_table="out of range"), ValueError, "block_table must lie in"),
+    (dict(block_table="int64"), TypeError, "block_table must be an int32"),
+    (dict(cache_batch_idx="with pages"), ValueError, "apply to contiguous caches"),
+    (dict(rotary_cos="some"), NotImplementedError, "rotate q and k before the call"),
+    (dict(window_size=(4, 0)), ValueError, "sliding windows are not supported yet"),
+    (dict(k="alone"), ValueError, "k and v must be given together"),
+    (dict(num_splits=-1), TypeError, "num_splits must be an int"),
+    (dict(cache_seqlens="too long"), ValueError, "cache_seqlens must lie in"),
+])
+def test_bad_inputs_are_refused(change, error, message):
+    q = torch.randn(2, 1, 4, 32, device=device, dtype=torch.float16)
+    pool = torch.randn(6, 4, 2, 32, device=device, dtype=torch.float16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+    args = dict(q=q, k_cache=pool, v_cache=pool, cache_seqlens=torch.tensor([3, 8], dtype=torch.int32, device=device), block_table=table)
+    for name, value in change.items():
+        if value == "out of range": value = table + 3
+        elif value == "int64": value = table.long()
+        elif value == "with pages": value = torch.zeros(2, dtype=torch.int32, device=device)
+        elif value == "some": value = torch.zeros(1, device=device)
+        elif value == "alone": value = pool[:2, :1]
+        elif value == "too long": value = torch.tensor([3, 9], dtype=torch.int32, device=device)
+        args[name] = value
+    with pytest.raises(error, match=message): flash_attn_with_kvcache(**args)
+
+
+@pytest.mark.gpu
+def test_gpu_serving_sized_paged_decode():
+    "64 sequences of up to 8k tokens in pages of 16 (vLLM's) and of 1 (SGLang's), GQA 8:1, D = 128, bf16, one new token each."
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hkv, D, Lmax = 64, 32, 4, 128, 8192
+    lengths = torch.randint(1, Lmax - 1, (B,), generator=g, dtype=torch.int32)
+    dense_k, dense_v = (torch.randn(B, Lmax, Hkv, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(B, 1, Hq, D, device=device, dtype=torch.bfloat16)
+    for page_size in (16, 1):
+        per_row = Lmax // page_size
+        order = torch.randperm(B * per_row, generator=g).to(device)
+        table = order.view(B, per_row).to(torch.int32)
+        pool_k, pool_v = (torch.empty(B * per_row, page_size, Hkv, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+        pool_k[table.long()] = dense_k.view(B, per_row, page_size, Hkv, D)
+        pool_v[table.long()] = dense_v.view(B, per_row, page_size, Hkv, D)
+        out = flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=lengths.to(device), block_table=table, causal=True)
+        ref = triton_fa2.decode(q.transpose(1, 2), dense_k.transpose(1, 2), dense_v.transpose(1, 2), cache_seqlens=lengths.to(device))
+        torch.testing.assert_close(out, ref.transpose(1, 2), atol=2e-2, rtol=0)
