@@ -128,7 +128,7 @@ def _choose(key:tuple, candidates:list, run, rule:str=None) -> Candidate:
         save_pick(key[:-1], _device_name(key[-1]), pick.label, {c.label: round(_median(t), 5) for c, t in timings.items()})
     else:
         pick = labels.get(rule, candidates[0])
-        say_once("compiling", logging.INFO, "triton_fa2: compiling %s for a new shape, about a second per kernel; "
+        say_once("compiling", logging.INFO, "triton_fa2: compiling %s for a new shape (one kernel, no timing); "
                  "triton_fa2.warmup(...) or `python -m triton_fa2 warmup ...` at start-up moves this out of the first call", pick.label)
     if tune or saved in labels or len(candidates) == 1: _TUNED.add(key)
     if _PICKS.get(key, pick) != pick: _forget_launches()   # a saved launch or a warm signature may name the old pick
