@@ -81,6 +81,30 @@ def test_all_sequences_empty_and_no_sequences():
     assert flash_attn_varlen_func(q, q[:, :1], q[:, :1], cu, cu, 0, 0).shape == (0, 2, 16)
 
 
+@pytest.mark.parametrize("page_size", [1, 7, 16])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_paged_kv(page_size, causal):
+    "k, v in a pool of pages (scattered, the spare ones full of NaN), each sequence's pages in block_table: as the packed k, v."
+    lengths_q, lengths_k = [5, 0, 33, 1], [40, 3, 33, 17]
+    cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
+    q = torch.randn(sum(lengths_q), 4, 32, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths_k), 2, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
+    per_seq = -(-max(lengths_k) // page_size)
+    order = torch.randperm(4 * per_seq + 3, generator=torch.Generator().manual_seed(page_size))
+    table = order[:4 * per_seq].view(4, per_seq).to(torch.int32).to(device)
+    pool_k, pool_v = (torch.full((4 * per_seq + 3, page_size, 2, 32), float("nan"), device=device, dtype=torch.bfloat16) for _ in range(2))
+    for b, n in enumerate(lengths_k):
+        for j in range(n): pool_k[table[b, j // page_size], j % page_size], pool_v[table[b, j // page_size], j % page_size] = k[cu_k[b] + j], v[cu_k[b] + j]
+    out, lse, _ = flash_attn_varlen_func(q, pool_k, pool_v, cu_q, cu_k, 33, 40, causal=causal, return_attn_probs=True, block_table=table)
+    dense, dense_lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 33, 40, causal=causal, return_attn_probs=True)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, dense, atol=1e-2, rtol=0); torch.testing.assert_close(lse, dense_lse, atol=1e-3, rtol=0)
+    with pytest.raises(NotImplementedError, match="has no backward"):
+        flash_attn_varlen_func(q.requires_grad_(), pool_k, pool_v, cu_q, cu_k, 33, 40, block_table=table)
+    with pytest.raises(ValueError, match="do not fit in"):
+        flash_attn_varlen_func(q.detach(), pool_k, pool_v, cu_q, cu_k, 33, 40 + per_seq * page_size, block_table=table)
+
+
 def test_exported_and_signature_is_flash_attns():
     import inspect
     assert triton_fa2.flash_attn_varlen_func is flash_attn_varlen_func
@@ -98,7 +122,7 @@ def test_exported_and_signature_is_flash_attns():
     (dict(q="4d"), ValueError, "q must be 3-D (total_q, heads, head_dim)"),
     (dict(dropout_p=0.1), ValueError, "does not implement attention dropout"),
     (dict(window_size=(8, 0)), ValueError, "sliding windows are not supported yet"),
-    (dict(block_table="some"), NotImplementedError, "paged K/V"),
+    (dict(block_table="some"), ValueError, "k must be 4-D (num_pages, page_size, heads, head_dim) with block_table"),
     (dict(causal=1), TypeError, "causal must be a bool"),
 ])
 def test_bad_inputs_are_refused(change, error, message):

@@ -58,14 +58,18 @@ def compile_packed(B=2, Hq=32, Hkv=8, N=64, D=128, causal=True, dtype=torch.bflo
     return kernel.compiled[0]
 
 
-def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3)):
-    "Compile `_attn_fwd_varlen` (packed sequences, pointers) for sequences of these lengths."
+def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3), page_size=0):
+    "Compile `_attn_fwd_varlen` (packed sequences, pointers) for sequences of these lengths; with `page_size`, over a paged K/V."
     total = sum(lengths)
     q, o = torch.empty(total, Hq, D, dtype=dtype), torch.empty(total, Hq, D, dtype=dtype)
-    k, v = (torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    if page_size:
+        per_seq = -(-max(lengths) // page_size)
+        k, v = (torch.empty(len(lengths) * per_seq, page_size, Hkv, D, dtype=dtype) for _ in range(2))
+        table = torch.arange(len(lengths) * per_seq, dtype=torch.int32).view(len(lengths), per_seq)
+    else: k, v, table = *(torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2)), None
     with offline(varlen, "_attn_fwd_varlen") as (kernel,):
-        varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, max(lengths), causal, D ** -0.5, Candidate("tl", *config))
+        varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, max(lengths), causal, D ** -0.5, Candidate("tl", *config), table)
     return kernel.compiled[0]
 
 
@@ -121,7 +125,7 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
 def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
-    through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate; decode at D 128 and 256, with one query per sequence and with 64
+    through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
     head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims."""
     jobs = []
@@ -134,6 +138,7 @@ def shipped():
         for c in candidates.prefill_candidates(D, True, H200_SMEM):
             config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
             jobs.append((f"varlen {c.label} D={D}", ("varlen", D, config, None)))
+            jobs.append((f"varlen {c.label} D={D} pages of 16", ("varlen", D, config, 16)))
     for Hkv, Lq in ((8, 1), (4, 8)):
         rows = 32 // Hkv * Lq
         for D in (128, 256):
@@ -163,7 +168,7 @@ def compile_job(job) -> list:
     kind, D, config, heads = job
     if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
     elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
-    elif kind == "varlen": kernels = [("_attn_fwd_varlen", compile_varlen(D=D, config=config))]
+    elif kind == "varlen": kernels = [("_attn_fwd_varlen", compile_varlen(D=D, config=config, page_size=heads or 0))]
     elif kind == "varlen_backward": kernels = [(heads, compile_varlen_backward(heads, D=D, config=config))]
     elif kind == "backward":
         kernel, pointers = heads

@@ -290,15 +290,17 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
 
 # %% ../nbs/94_dispatch.ipynb #7baaa96a
 def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool,
-                    scale:float, config:Candidate=None) -> Candidate:
-    """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), into o (shaped as q) and lse
-    (Hq, total_q); returns the candidate launched. `config` bypasses the choice."""
+                    scale:float, config:Candidate=None, block_table=None) -> Candidate:
+    """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
+    (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
+    the candidate launched. `config` bypasses the choice."""
     total_q, Hq, D = q.shape
-    signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal, scale > 0, config)
-    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c)
+    signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config)
+    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if config is None:
-            key = ("varlen", D, causal, *_tune_buckets(total_q * Hq, max_seqlen_k), str(q.dtype), str(q.device))
+            key = ("varlen", D, causal, *_tune_buckets(total_q * Hq, max_seqlen_k), 0 if block_table is None else k.shape[1],
+                   str(q.dtype), str(q.device))
             config = _PICKS.get(key)
             if config is None or (key not in _TUNED and tuning_requested()):
                 config = _choose(key, prefill_candidates(D, True, _max_smem(q.device.index) if q.is_cuda else 0), run)

@@ -117,19 +117,22 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
 def _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                    full_end, end, seqlen_k, diag_offset, qk_scale,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr):
+                   DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,
+                   block_table=None, stride_kp=0, stride_vp=0, PAGE_SIZE: tl.constexpr = 0):
     "Keys [0, end) online, in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) at key 0."
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     0, full_end, seqlen_k, diag_offset, qk_scale,
                                     MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
-                                    kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
-    if not USE_TMA:
+                                    kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
+                                    block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE)
+    if not USE_TMA and PAGE_SIZE == 0:
         k_ptrs += full_end.to(tl.int64) * stride_kn
         v_ptrs += full_end.to(tl.int64) * stride_vn
     return _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                            full_end, end, seqlen_k, diag_offset, qk_scale,
                            MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
-                           kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
+                           kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
+                           block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE)
 
 # %% ../nbs/03_triton_forward.ipynb #0e72cbd2
 @triton.jit

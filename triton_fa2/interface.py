@@ -78,15 +78,17 @@ def flash_attn_varlen_func(q:torch.Tensor,             # (total_q, Hq, D) querie
                            alibi_slopes=None,          # must be None
                            deterministic:bool=False,   # accepted: forward and backward are always deterministic (no atomics)
                            return_attn_probs:bool=False, # also return (softmax_lse (Hq, total_q) float32, None)
-                           block_table=None,           # must be None: paged K/V is not supported here yet
+                           block_table=None,           # int32 (batch, pages): k, v are a paged pool (num_pages, page_size, Hkv, D); forward only
                           ):                           # out (total_q, Hq, D) in q's dtype, 0 in rows of no sequence; with return_attn_probs, (out, softmax_lse, None)
     "Drop-in for `flash_attn.flash_attn_varlen_func`: attention of sequences of different lengths packed end to end, forward and backward."
     _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes)
-    if block_table is not None: raise NotImplementedError("block_table must be None: paged K/V in flash_attn_varlen_func is not supported yet")
     causal = _check_causal(causal)
-    batch, Hq, Hkv, D = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale)
+    batch, Hq, Hkv, D = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, block_table)
+    if block_table is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("flash_attn_varlen_func with a paged K/V (block_table) has no backward, as in flash-attn: "
+                                  "call it under torch.no_grad(), or pass packed k, v (total_k, Hkv, D) without block_table to train")
     out, lse = _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                           D ** -0.5 if softmax_scale is None else float(softmax_scale))
+                           D ** -0.5 if softmax_scale is None else float(softmax_scale), block_table)
     return (out, lse, None) if return_attn_probs else out
 
 # %% ../nbs/97_interface.ipynb #1ce2194f

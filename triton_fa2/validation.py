@@ -157,19 +157,32 @@ def _check_cu_seqlens(cu, name:str, total:int, max_seqlen, device:torch.device) 
             raise ValueError(f"max_seqlen_{name[-1]}={max_seqlen} is shorter than a sequence of {name} ({int(lengths.max())} rows)")
     return cu.numel() - 1
 
-def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale) -> tuple:
-    "Check packed sequences for `flash_attn_varlen_func`; return (batch, Hq, Hkv, D)."
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table=None) -> tuple:
+    """Check packed sequences for `flash_attn_varlen_func`; return (batch, Hq, Hkv, D). With `block_table`, k and v are
+    a paged pool (num_pages, page_size, Hkv, D) and `cu_seqlens_k` counts each sequence's keys in its pages."""
+    paged = block_table is not None
     for name, t in dict(q=q, k=k, v=v).items():
         if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
-        if t.dim() != 3: raise ValueError(f"{name} must be 3-D (total_{'q' if name == 'q' else 'k'}, heads, head_dim), got {name}.shape={tuple(t.shape)}")
+        rank, form = (4, "(num_pages, page_size, heads, head_dim) with block_table") if paged and name != "q" else \
+                     (3, f"(total_{'q' if name == 'q' else 'k'}, heads, head_dim)")
+        if t.dim() != rank: raise ValueError(f"{name} must be {rank}-D {form}, got {name}.shape={tuple(t.shape)}")
     if k.shape != v.shape: raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+    if paged and 0 in k.shape[:2]: raise ValueError(f"a paged k must hold at least one page of at least one key, got {tuple(k.shape)}")
+    k_rows, v_rows = (t[0] if paged else t for t in (k, v))   # (rows, Hkv, D): one page stands in for the pool's checks
+    if k_rows.shape[1] == 0 or q.shape[1] % k_rows.shape[1]:
         raise ValueError(f"q's heads must be a multiple of k's (GQA), got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    _check_inputs(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)), causal, scale, fn=None)
+    _check_inputs(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k_rows, v_rows)), causal, scale, fn=None)
     batch = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, q.device)
-    if _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, q.device) != batch:
+    if paged:
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+            raise ValueError(f"block_table must be an int32 tensor of shape (batch, pages per sequence), got {getattr(block_table, 'shape', type(block_table).__name__)}")
+        _check_index(block_table, "block_table", (batch, block_table.shape[1]), q.device, k.shape[0])
+        if max_seqlen_k > block_table.shape[1] * k.shape[1]:
+            raise ValueError(f"max_seqlen_k={max_seqlen_k} keys do not fit in {block_table.shape[1]} pages of {k.shape[1]}")
+    total_k = block_table.shape[0] * block_table.shape[1] * k.shape[1] if paged else k.shape[0]
+    if _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, q.device) != batch:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    return batch, q.shape[1], k.shape[1], q.shape[2]
+    return batch, q.shape[1], k_rows.shape[1], q.shape[2]
 
 # %% ../nbs/92_validation.ipynb #1855c8bf
 def _check_index(t, name:str, shape:tuple, device:torch.device, upper:int=None):

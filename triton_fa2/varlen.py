@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/varlen.html.md"""
 # %% auto #0
 __all__ = ['launch', 'launch_backward_preprocess', 'launch_dkdv', 'launch_dq']
 
-# %% ../nbs/13_varlen.ipynb #306e78b5
+# %% ../nbs/13_varlen.ipynb #fccbade4
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import torch
 import triton
@@ -16,15 +16,16 @@ from .candidates import Candidate
 from .forward import LOG2E, _attn_fwd_runs, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows, _program_block, _q_block_rows
 from .backward import _attn_bwd_dkdv_inner, _attn_bwd_dq_inner, _q_row_bounds, launch_preprocess
 
-# %% ../nbs/13_varlen.ipynb #b6c7d65c
+# %% ../nbs/13_varlen.ipynb #12d0b4bf
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_m_blocks"])
 def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q) float32
                      CU_SEQLENS_Q, CU_SEQLENS_K,        # int32 (batch + 1,): each sequence's first row, and the total last
                      stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_om, stride_oh, stride_lse_h,
                      num_heads_q, group_size, num_m_blocks,   # Hq, Hq / Hkv, ⌈max_seqlen_q / BLOCK_M⌉
                      qk_scale,                          # softmax scale · log2(e)
+                     BLOCK_TABLE, stride_bt, stride_kp, stride_vp,  # paged K/V (num_pages, PAGE_SIZE, Hkv, D): pages per sequence
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_SCALE: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_SCALE: tl.constexpr, PAGE_SIZE: tl.constexpr = 0):
     start_m, off_zh = _program_block(tl.program_id(0), num_m_blocks, CAUSAL)
     off_z, off_h = off_zh // num_heads_q, off_zh % num_heads_q
     q_start = tl.load(CU_SEQLENS_Q + off_z)
@@ -38,8 +39,14 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
     offs_d = tl.arange(0, BLOCK_D)
     q_rows = (q_start + offs_m[:, None]).to(tl.int64)
     q = _load_rows(Q + q_rows * stride_qm + off_h * stride_qh + offs_d[None, :], rows, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
-    k_ptrs = K + (k_start + offs_n[:, None]).to(tl.int64) * stride_km + off_hkv * stride_kh + offs_d[None, :]
-    v_ptrs = V + (k_start + offs_n[:, None]).to(tl.int64) * stride_vm + off_hkv * stride_vh + offs_d[None, :]
+    table = BLOCK_TABLE
+    if PAGE_SIZE > 0:                                  # a paged K/V: the inner loop finds each key's page (06)
+        table = BLOCK_TABLE + off_z * stride_bt
+        k_ptrs = K + off_hkv * stride_kh + offs_d[None, :]
+        v_ptrs = V + off_hkv * stride_vh + offs_d[None, :]
+    else:
+        k_ptrs = K + (k_start + offs_n[:, None]).to(tl.int64) * stride_km + off_hkv * stride_kh + offs_d[None, :]
+        v_ptrs = V + (k_start + offs_n[:, None]).to(tl.int64) * stride_vm + off_hkv * stride_vh + offs_d[None, :]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -48,32 +55,37 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
     acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_km, stride_vm, offs_m, offs_n, offs_d,
                                    full_end, end, seqlen_k, seqlen_k - seqlen_q, qk_scale, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
                                    BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32, kv_z=0, kv_h=0, USE_TMA=False,
-                                   FOLD_SCALE=FOLD_SCALE)
+                                   FOLD_SCALE=FOLD_SCALE, block_table=table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE)
     o, lse = _normalize_rows(acc, l_i, m_i)
     row_ok = rows[:, None] < seqlen_q
     if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     tl.store(O + q_rows * stride_om + off_h * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok)
     tl.store(LSE + off_h * stride_lse_h + q_start + rows, lse, mask=rows < seqlen_q)
 
-# %% ../nbs/13_varlen.ipynb #cabe16b2
+# %% ../nbs/13_varlen.ipynb #2f0c07c9
 def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (total_k, Hkv, D), last dim contiguous; lse (Hq, total_q)
            cu_seqlens_q, cu_seqlens_k,         # int32 (batch + 1,) on q's device
            max_seqlen_q:int,                   # the longest query sequence (the grid's Q blocks)
            causal:bool, scale:float,
            candidate:Candidate,                # a "tl" candidate: BLOCK_M, BLOCK_N, warps, stages
+           block_table=None,                   # int32 (batch, pages): k, v are a paged pool (num_pages, page_size, Hkv, D)
           ):
     "Launch `_attn_fwd_varlen` once with one candidate."
     total_q, Hq, D = q.shape
     num_m_blocks = triton.cdiv(max_seqlen_q, candidate.BLOCK_M)
     grid = num_m_blocks * (cu_seqlens_q.numel() - 1) * Hq
     if grid == 0: return
-    _attn_fwd_varlen[(grid,)](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                              v.stride(0), v.stride(1), o.stride(0), o.stride(1), lse.stride(0), Hq, Hq // k.shape[1],
-                              num_m_blocks, scale * LOG2E, HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16),
+    paged = block_table is not None             # a pool's strides: (page, row in page, head); packed rows': (row, head)
+    kv_strides = [s for t in (k, v) for s in (t.stride()[1:3] if paged else t.stride()[:2])]
+    _attn_fwd_varlen[(grid,)](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), *kv_strides,
+                              o.stride(0), o.stride(1), lse.stride(0), Hq, Hq // k.shape[-2], num_m_blocks, scale * LOG2E,
+                              block_table, block_table.stride(0) if paged else 0, k.stride(0) if paged else 0,
+                              v.stride(0) if paged else 0, HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16),
                               CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=candidate.BLOCK_M,
-                              BLOCK_N=candidate.BLOCK_N, FOLD_SCALE=scale > 0, **candidate.launch_options)
+                              BLOCK_N=candidate.BLOCK_N, FOLD_SCALE=scale > 0, PAGE_SIZE=k.shape[1] if paged else 0,
+                              **candidate.launch_options)
 
-# %% ../nbs/13_varlen.ipynb #f171f68d
+# %% ../nbs/13_varlen.ipynb #a104a98b
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_n_blocks", "total_q"])
 def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, M, DELTA,   # q, do (total_q, Hq, D); k, v, dk, dv (total_k, Hkv, D); m, delta (Hq, total_q)
                           CU_SEQLENS_Q, CU_SEQLENS_K,
@@ -166,7 +178,7 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, M, DELTA,         # q, do, dq (total_q,
     if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + q_rows * stride_dqm + off_h * stride_dqh + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok)
 
-# %% ../nbs/13_varlen.ipynb #cedeaa5f
+# %% ../nbs/13_varlen.ipynb #c275118e
 def _rows_by_head(t:torch.Tensor) -> torch.Tensor:
     "A packed (total, H, D) tensor as the (1, H, total, D) view the dense per-row kernels take; (H, total) as (1, H, total)."
     return t.unsqueeze(0).transpose(1, 2) if t.dim() == 3 else t.unsqueeze(0)
