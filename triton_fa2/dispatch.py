@@ -181,7 +181,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
     if config is None and pack_gqa is None and use_tma is None and fixed_max and fast_launch_possible(q):
         plan_key = _plan_key(q, k, v, o, lse, causal, scale)
         plan = _PLANS.get(plan_key)
-        if plan and not tuning_requested():             # launched before with this signature: straight to Triton's C launcher
+        if plan and (plan.tuned or not tuning_requested()):   # launched before with this signature: straight to Triton's C launcher
             plan(q, k, v, o, lse, scale * _forward.LOG2E)
             return plan.candidate
     signature = _signature(q, k, v, o, lse, causal, scale > 0, config, pack_gqa, use_tma, fixed_max)
@@ -219,7 +219,9 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
         _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
         del _PICKS[key]                                 # the `tl` kernel's own pick serves from now on
         return _attention_forward(q, k, v, o, lse, causal, scale)
-    if plan_key is not None and plan_key not in _PLANS: _keep_plan(_PLANS, plan_key, lambda: _Launch(*launched[:3], pick, launched[3]))
+    if plan_key is not None and plan_key not in _PLANS:
+        _keep_plan(_PLANS, plan_key, lambda: _Launch(*launched[:3], pick, launched[3]))
+        if _PLANS[plan_key]: _PLANS[plan_key].tuned = key in _TUNED   # a pick by rule is chosen again when tuning is asked for
     return pick
 
 # %% ../nbs/94_dispatch.ipynb #54ae88bd
@@ -237,12 +239,14 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
         plan_key = _decode_plan_key(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits)
         plan = _DECODE_PLANS.get(plan_key)
     o_part, lse_part = _split_kv._partials(q, num_splits, o, lse)
-    if plan and not tuning_requested(): return plan(q, k_cache, v_cache, k_cache if cache_seqlens is None else cache_seqlens, o_part, lse_part, o, lse)
+    if plan and (plan.tuned or not tuning_requested()):
+        return plan(q, k_cache, v_cache, k_cache if cache_seqlens is None else cache_seqlens, o_part, lse_part, o, lse)
     def run(c):   # on the inputs' device, whichever is current: the timing's launches as much as the call's
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
             return _split_kv.launch(q, k_cache, v_cache, cache_seqlens, o, lse, o_part, lse_part, causal, scale, num_splits, c, *extras)
     signature = _signature(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale > 0, num_splits, config, *extras)
     with _serialised(signature):
+        config_key_tuned = True                           # a config given, or (below) the key's pick timed or saved
         if config is None:
             block_m = _split_kv._decode_block_m((Hq // Hkv) * Lq)
             programs = triton.cdiv((Hq // Hkv) * Lq, block_m) * num_splits * B * Hkv
@@ -252,8 +256,11 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
             if config is None or (key not in _TUNED and tuning_requested()):
                 smem = _max_smem(q.device.index) if q.is_cuda else 0
                 config = _choose(key, decode_candidates(block_m, D, smem), run)
+            config_key_tuned = key in _TUNED
         launched = run(config)
-        if plan_key is not None and plan_key not in _DECODE_PLANS: _keep_plan(_DECODE_PLANS, plan_key, lambda: _DecodeLaunch(*launched))
+        if plan_key is not None and plan_key not in _DECODE_PLANS:
+            _keep_plan(_DECODE_PLANS, plan_key, lambda: _DecodeLaunch(*launched))
+            if _DECODE_PLANS[plan_key]: _DECODE_PLANS[plan_key].tuned = config_key_tuned
         _WARM.add(signature)
 
 
