@@ -7,7 +7,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/varlen.html.md"""
 # %% auto #0
 __all__ = ['launch', 'launch_backward_preprocess', 'launch_dkdv', 'launch_dq']
 
-# %% ../nbs/13_varlen.ipynb #fccbade4
+# %% ../nbs/13_varlen.ipynb #dd3ce86a
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import torch
 import triton
@@ -16,7 +16,13 @@ from .candidates import Candidate
 from .forward import LOG2E, _attn_fwd_runs, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows, _program_block, _q_block_rows
 from .backward import _attn_bwd_dkdv_inner, _attn_bwd_dq_inner, _q_row_bounds, launch_preprocess
 
-# %% ../nbs/13_varlen.ipynb #12d0b4bf
+# %% ../nbs/13_varlen.ipynb #1835de7d
+@triton.jit
+def _sequence(CU_SEQLENS, z):
+    "Where sequence `z` lives in the packed rows: its first row and its length, from the offsets."
+    start = tl.load(CU_SEQLENS + z)
+    return start, tl.load(CU_SEQLENS + z + 1) - start
+
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_m_blocks"])
 def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q) float32
                      CU_SEQLENS_Q, CU_SEQLENS_K,        # int32 (batch + 1,): each sequence's first row, and the total last
@@ -28,11 +34,9 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_SCALE: tl.constexpr, PAGE_SIZE: tl.constexpr = 0):
     start_m, off_zh = _program_block(tl.program_id(0), num_m_blocks, CAUSAL)
     off_z, off_h = off_zh // num_heads_q, off_zh % num_heads_q
-    q_start = tl.load(CU_SEQLENS_Q + off_z)
-    seqlen_q = tl.load(CU_SEQLENS_Q + off_z + 1) - q_start
+    q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
     if start_m * BLOCK_M >= seqlen_q: return           # past this sequence's end (or an empty sequence)
-    k_start = tl.load(CU_SEQLENS_K + off_z)
-    seqlen_k = tl.load(CU_SEQLENS_K + off_z + 1) - k_start
+    k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
     off_hkv = off_h // group_size
     rows, _, offs_m, first_pos, last_pos = _q_block_rows(start_m, seqlen_q, seqlen_q, BLOCK_M, False)
     offs_n = tl.arange(0, BLOCK_N)
@@ -62,7 +66,7 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
     tl.store(O + q_rows * stride_om + off_h * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok)
     tl.store(LSE + off_h * stride_lse_h + q_start + rows, lse, mask=rows < seqlen_q)
 
-# %% ../nbs/13_varlen.ipynb #2f0c07c9
+# %% ../nbs/13_varlen.ipynb #7822b570
 def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (total_k, Hkv, D), last dim contiguous; lse (Hq, total_q)
            cu_seqlens_q, cu_seqlens_k,         # int32 (batch + 1,) on q's device
            max_seqlen_q:int,                   # the longest query sequence (the grid's Q blocks)
@@ -85,7 +89,7 @@ def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (to
                               BLOCK_N=candidate.BLOCK_N, FOLD_SCALE=scale > 0, PAGE_SIZE=k.shape[1] if paged else 0,
                               **candidate.launch_options)
 
-# %% ../nbs/13_varlen.ipynb #a104a98b
+# %% ../nbs/13_varlen.ipynb #35737733
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_n_blocks", "total_q"])
 def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, M, DELTA,   # q, do (total_q, Hq, D); k, v, dk, dv (total_k, Hkv, D); m, delta (Hq, total_q)
                           CU_SEQLENS_Q, CU_SEQLENS_K,
@@ -98,11 +102,9 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, M, DELTA,   # q, do (total_q, Hq,
     start_n, off_zh = _program_block(tl.program_id(0), num_n_blocks, False)
     num_heads_kv = num_heads_q // group_size
     off_z, off_hkv = off_zh // num_heads_kv, (off_zh % num_heads_kv).to(tl.int64)
-    k_start = tl.load(CU_SEQLENS_K + off_z)
-    seqlen_k = tl.load(CU_SEQLENS_K + off_z + 1) - k_start
+    k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
     if start_n * BLOCK_N >= seqlen_k: return
-    q_start = tl.load(CU_SEQLENS_Q + off_z)
-    seqlen_q = tl.load(CU_SEQLENS_Q + off_z + 1) - q_start
+    q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -147,11 +149,9 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, M, DELTA,         # q, do, dq (total_q,
     "A program per (Q block, sequence, query head): dQ of its rows over the keys of its sequence they see."
     start_m, off_zh = _program_block(tl.program_id(0), num_m_blocks, CAUSAL)
     off_z, off_h = off_zh // num_heads_q, (off_zh % num_heads_q).to(tl.int64)
-    q_start = tl.load(CU_SEQLENS_Q + off_z)
-    seqlen_q = tl.load(CU_SEQLENS_Q + off_z + 1) - q_start
+    q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
     if start_m * BLOCK_M >= seqlen_q: return
-    k_start = tl.load(CU_SEQLENS_K + off_z)
-    seqlen_k = tl.load(CU_SEQLENS_K + off_z + 1) - k_start
+    k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
     off_hkv = off_h // group_size
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -178,7 +178,7 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, M, DELTA,         # q, do, dq (total_q,
     if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + q_rows * stride_dqm + off_h * stride_dqh + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok)
 
-# %% ../nbs/13_varlen.ipynb #c275118e
+# %% ../nbs/13_varlen.ipynb #01142cd9
 def _rows_by_head(t:torch.Tensor) -> torch.Tensor:
     "A packed (total, H, D) tensor as the (1, H, total, D) view the dense per-row kernels take; (H, total) as (1, H, total)."
     return t.unsqueeze(0).transpose(1, 2) if t.dim() == 3 else t.unsqueeze(0)
