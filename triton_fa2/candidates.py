@@ -132,7 +132,7 @@ def decode_candidates(block_m:int,          # packed rows per program (`split_kv
 _BWD = lambda kernel, *configs: tuple(Candidate(kernel, m, n, w, s) for m, n, w, s in configs)   # (BLOCK_M, BLOCK_N, warps, stages)
 BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     # Descriptor tables from timing every tile of each pass on the H200 (`lab/data/backward_tiles_h200.csv`), fastest first
-    ("bwd_dkdv", 64, False): _BWD("bwd_dkdv", (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3)),
+    ("bwd_dkdv", 64, False): _BWD("bwd_dkdv", (32, 128, 4, 3), (32, 64, 4, 3)),
     ("bwd_dkdv", 64, True): _BWD("bwd_dkdv", (32, 128, 8, 3), (16, 128, 8, 3), (16, 64, 4, 2)),
     ("bwd_dkdv", 128, False): _BWD("bwd_dkdv", (32, 64, 4, 3), (64, 128, 8, 2), (16, 32, 8, 2)),
     ("bwd_dkdv", 128, True): _BWD("bwd_dkdv", (16, 128, 8, 3), (16, 32, 4, 2)),
@@ -149,12 +149,13 @@ INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
 VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (Candidate("bwd_dq", 64, 32, 8, 2), 256)})
-# dK/dV tiles that ptxas spills on sm_90 with some Triton release, kept because the H200 runs them faster than every
-# tile that does not spill (1.2× to 4× at D = 256; `lab/data/backward_tiles_h200.csv`): dK and dV of the block stay in
-# float32 registers (2 · BLOCK_N · D · 4 bytes per program), so no fast tile leaves room. `tools/compile_sm90.py --all` reports
-# their spills and fails on any other
-BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate("bwd_dkdv", *t), d) for t, d in (
-    ((32, 128, 4, 3), 64), ((32, 64, 4, 3), 128), ((64, 128, 8, 2), 128), ((64, 64, 8, 2), 256), ((32, 64, 8, 2), 256))})
+# Tiles that ptxas spills on sm_90 with some Triton release, kept because the H200 runs them faster than every tile of
+# their pass that does not spill (1.2× to 4×; `lab/data/backward_tiles_h200.csv`): a dK/dV program's two float32
+# accumulators (2 · BLOCK_N · D · 4 bytes) leave no fast tile room. `tools/compile_sm90.py --all` reports their spills
+# and fails on any other
+BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, d in (
+    ("bwd_dkdv", (32, 128, 4, 3), 64), ("bwd_dkdv", (32, 64, 4, 3), 128), ("bwd_dkdv", (64, 128, 8, 2), 128),
+    ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))})
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
