@@ -21,7 +21,6 @@ except ImportError: TensorDescriptor = None                          # a Triton 
 
 # %% ../nbs/03_triton_forward.ipynb #e8749aff
 LOG2E = math.log2(math.e)            # exp(x) = exp2(x · log2 e): the host scales scores by scale · LOG2E once
-_LN2 = tl.constexpr(math.log(2.0))    # log(x) = log2(x) · ln 2; a constexpr, so the kernel may read it
 
 # %% ../nbs/03_triton_forward.ipynb #ba1400b4
 @triton.jit
@@ -169,7 +168,9 @@ def _normalize_rows(acc, l_i, m_i):
     seen_nothing = l_i == 0.0                           # causal rows before the first key, Lk = 0, an empty split
     l_safe = tl.where(seen_nothing, 1.0, l_i)
     o = acc / l_safe[:, None]                           # FA2: the only division, once per row
-    lse = tl.where(seen_nothing, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)
+    # ln 2 as a literal: a global tl.constexpr would make Triton 3.6 hash every caller differently depending on
+    # which kernel it hashed first, and a tuned kernel would compile again in each new process
+    lse = tl.where(seen_nothing, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     return o, lse
 
 # %% ../nbs/03_triton_forward.ipynb #63820edd
