@@ -9,6 +9,7 @@ __all__ = ['fast_launch_possible']
 
 # %% ../nbs/95_launch.ipynb #13f4db77
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+import threading
 import torch
 import triton
 try: from triton import knobs as _knobs                              # launch hooks (profilers)
@@ -27,6 +28,20 @@ def fast_launch_possible(q:torch.Tensor) -> bool:
     return (q.is_cuda and triton.__version__.startswith(_FAST_LAUNCH_TRITON) and _knobs is not None
             and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook)
             and q.device.index == torch.cuda.current_device())
+
+# %% ../nbs/95_launch.ipynb #22240ffa
+def _hash_triton_in_background():
+    "Start Triton's `triton_key` (cached per process) in a daemon thread, on a GPU; returns the thread, or None."
+    key = getattr(getattr(triton.runtime, "cache", None), "triton_key", None)
+    if key is None or interpreting() or not torch.cuda.is_available(): return None
+    def run():
+        try: key()
+        except Exception: pass                         # the first compile computes it again and reports what is wrong
+    thread = threading.Thread(target=run, name="triton_fa2 triton_key", daemon=True)
+    thread.start()
+    return thread
+
+_TRITON_KEY = _hash_triton_in_background()
 
 # %% ../nbs/95_launch.ipynb #9d522433
 def _plan_key(q, k, v, o, lse, causal:bool, scale:float) -> tuple:
