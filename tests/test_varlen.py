@@ -238,3 +238,25 @@ def test_gpu_serving_sized_batch():
     nq, nk = few[0][-1].item(), few[1][-1].item()
     refs = grad_reference(q.detach()[:nq].float(), k.detach()[:nk].float(), v.detach()[:nk].float(), do[:nq].float(), *few, True, 128 ** -0.5)
     for got, ref in zip((q.grad[:nq], k.grad[:nk], v.grad[:nk]), refs): assert relative_error(got, ref) <= GRAD_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_descriptor_and_pointer_paths_agree_and_ignore_rows_past_the_sequences(causal):
+    "Through TMA a key tile may run past its sequence into the next one or past the last: those rows never reach O."
+    from triton_fa2 import varlen
+    from triton_fa2.candidates import INTERPRETER_PREFILL, PREFILL_TL
+    if not interpreting() and not dispatch._forward._has_tma(torch.device(device)): pytest.skip("no TMA on this GPU")
+    lengths_q, lengths_k, Hq, Hkv, D = [5, 0, 37, 1, 20], [9, 3, 37, 20, 61], 4, 2, 40
+    cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
+    tq, tk = sum(lengths_q), sum(lengths_k)
+    q = torch.randn(tq, Hq, D, device=device, dtype=torch.float16)
+    k, v = (torch.randn(tk + 9, Hkv, D, device=device, dtype=torch.float16) for _ in range(2))
+    k[tk:], v[tk:] = float("nan"), float("inf")                 # rows no sequence owns: garbage
+    candidate = INTERPRETER_PREFILL if interpreting() else PREFILL_TL[0]
+    ref, _ = reference(q, k[:tk], v[:tk], cu_q, cu_k, causal)
+    for use_tma in (False, True):
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((Hq, tq), float("nan"), device=device)
+        varlen.launch(q, k, v, o, lse, cu_q, cu_k, max(lengths_q), causal, D ** -0.5, candidate, None, use_tma)
+        assert not o.isnan().any(), use_tma
+        assert (o.double() - ref).abs().max().item() < TOL[torch.float16], use_tma

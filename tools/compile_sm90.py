@@ -58,8 +58,10 @@ def compile_packed(B=2, Hq=32, Hkv=8, N=64, D=128, causal=True, dtype=torch.bflo
     return kernel.compiled[0]
 
 
-def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3), page_size=0):
-    "Compile `_attn_fwd_varlen` (packed sequences, pointers) for sequences of these lengths; with `page_size`, over a paged K/V."
+def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3), page_size=0,
+                   use_tma=False):
+    """Compile `_attn_fwd_varlen` (packed sequences, pointers; K and V through descriptors with `use_tma`) for sequences of
+    these lengths; with `page_size`, over a paged K/V."""
     total = sum(lengths)
     q, o = torch.empty(total, Hq, D, dtype=dtype), torch.empty(total, Hq, D, dtype=dtype)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
@@ -69,7 +71,8 @@ def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dty
         table = torch.arange(len(lengths) * per_seq, dtype=torch.int32).view(len(lengths), per_seq)
     else: k, v, table = *(torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2)), None
     with offline(varlen, "_attn_fwd_varlen") as (kernel,):
-        varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, max(lengths), causal, D ** -0.5, Candidate("tl", *config), table)
+        varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, max(lengths), causal, D ** -0.5, Candidate("tl", *config), table,
+                      use_tma)
     return kernel.compiled[0]
 
 
@@ -139,6 +142,9 @@ def shipped():
             config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
             jobs.append((f"varlen {c.label} D={D}", ("varlen", D, config, None)))
             jobs.append((f"varlen {c.label} D={D} pages of 16", ("varlen", D, config, 16)))
+        for c in candidates.prefill_candidates(D, False, H200_SMEM):
+            config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
+            jobs.append((f"varlen {c.label} D={D} descriptors", ("varlen", D, config, "tma")))
     for Hkv, Lq in ((8, 1), (4, 8)):
         rows = 32 // Hkv * Lq
         for D in (128, 256):
@@ -168,7 +174,8 @@ def compile_job(job) -> list:
     kind, D, config, heads = job
     if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
     elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
-    elif kind == "varlen": kernels = [("_attn_fwd_varlen", compile_varlen(D=D, config=config, page_size=heads or 0))]
+    elif kind == "varlen": kernels = [("_attn_fwd_varlen", compile_varlen(D=D, config=config, page_size=heads if heads != "tma" else 0,
+                                                                          use_tma=heads == "tma"))]
     elif kind == "varlen_backward": kernels = [(heads, compile_varlen_backward(heads, D=D, config=config))]
     elif kind == "backward":
         kernel, pointers = heads

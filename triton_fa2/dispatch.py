@@ -303,14 +303,16 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
     the candidate launched. `config` bypasses the choice."""
     total_q, Hq, D = q.shape
     signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config)
-    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table)
+    use_tma = (block_table is None and _forward._has_tma(q.device)      # packed K/V as (1, Hkv, total_k, D) views, as the dense path
+               and _forward._descriptors_fit(*(t.unsqueeze(0).transpose(1, 2) for t in (k, v))))
+    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table, use_tma)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if config is None:
             key = ("varlen", D, causal, *_tune_buckets(total_q * Hq, max_seqlen_k), 0 if block_table is None else k.shape[1],
-                   str(q.dtype), str(q.device))
+                   use_tma, str(q.dtype), str(q.device))
             config = _PICKS.get(key)
             if config is None or (key not in _TUNED and tuning_requested()):
-                config = _choose(key, prefill_candidates(D, True, _max_smem(q.device.index) if q.is_cuda else 0), run)
+                config = _choose(key, prefill_candidates(D, not use_tma, _max_smem(q.device.index) if q.is_cuda else 0), run)
         run(config)
         _WARM.add(signature)
     return config

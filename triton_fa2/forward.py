@@ -84,17 +84,18 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     lo, hi, seqlen_k, diag_offset, qk_scale,
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
-                    kv_z=0, kv_h=0,                        # with USE_TMA: the batch and KV head the descriptors are read at
+                    kv_z=0, kv_h=0, kv_row0=0,             # with USE_TMA: the batch, KV head and first row the descriptors are read at
                     USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, FIXED_MAX: tl.constexpr = False,
                     block_table=None, stride_kp=0, stride_vp=0,   # with PAGE_SIZE: the sequence's pages and the caches' page strides
-                    PAGE_SIZE: tl.constexpr = 0):          # a paged cache (06): k_src, v_src at its KV head, key j in page j // PAGE_SIZE
+                    PAGE_SIZE: tl.constexpr = 0,           # a paged cache (06): k_src, v_src at its KV head, key j in page j // PAGE_SIZE
+                    ROWS_PAST_END: tl.constexpr = False):  # with USE_TMA: rows past seqlen_k are another sequence's (13), not TMA's zeros
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if PAGE_SIZE > 0:                                    # each key's page from the table: no key outside a named page is read
             page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
             in_page = (cols % PAGE_SIZE)[:, None].to(tl.int64)
             k = _load_rows(k_src + page[:, None] * stride_kp + in_page * stride_kn, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        elif USE_TMA: k = k_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+        elif USE_TMA: k = k_src.load([kv_z, kv_h, kv_row0 + start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else: qk = tl.dot(q, tl.trans(k))
@@ -102,7 +103,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                                            FOLD_SCALE, FIXED_MAX)
         if not FIXED_MAX: acc = acc * alpha[:, None]
         if PAGE_SIZE > 0: v = _load_rows(v_src + page[:, None] * stride_vp + in_page * stride_vn, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        elif USE_TMA: v = v_src.load([kv_z, kv_h, start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+        elif USE_TMA:
+            v = v_src.load([kv_z, kv_h, kv_row0 + start_n, 0]).reshape([BLOCK_N, BLOCK_D])
+            if MASKED and ROWS_PAST_END: v = tl.where(cols[:, None] < seqlen_k, v, 0.0)   # P is 0 there, but 0 · NaN is not
         else: v = _load_rows(v_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         p = p.to(v.dtype)                                    # the tensor cores take P in the input dtype
         if DOT_FP32: acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
@@ -117,13 +120,15 @@ def _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_
                    full_end, end, seqlen_k, diag_offset, qk_scale,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,
-                   block_table=None, stride_kp=0, stride_vp=0, PAGE_SIZE: tl.constexpr = 0):
+                   block_table=None, stride_kp=0, stride_vp=0, PAGE_SIZE: tl.constexpr = 0,
+                   kv_row0=0, ROWS_PAST_END: tl.constexpr = False):
     "Keys [0, end) online, in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) at key 0."
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     0, full_end, seqlen_k, diag_offset, qk_scale,
                                     MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
                                     kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
-                                    block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE)
+                                    block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE,
+                                    kv_row0=kv_row0, ROWS_PAST_END=ROWS_PAST_END)
     if not USE_TMA and PAGE_SIZE == 0:
         k_ptrs += full_end.to(tl.int64) * stride_kn
         v_ptrs += full_end.to(tl.int64) * stride_vn
@@ -131,7 +136,8 @@ def _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_
                            full_end, end, seqlen_k, diag_offset, qk_scale,
                            MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
                            kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
-                           block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE)
+                           block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE,
+                           kv_row0=kv_row0, ROWS_PAST_END=ROWS_PAST_END)
 
 # %% ../nbs/03_triton_forward.ipynb #0e72cbd2
 @triton.jit

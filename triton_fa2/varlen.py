@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import Candidate
-from .forward import LOG2E, _attn_fwd_runs, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows, _program_block, _q_block_rows
+from .forward import LOG2E, _attn_fwd_runs, _descriptor, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows, _program_block, _q_block_rows
 from .backward import _attn_bwd_dkdv_inner, _attn_bwd_dq_inner, _q_row_bounds, launch_preprocess
 
 # %% ../nbs/13_varlen.ipynb #1835de7d
@@ -31,7 +31,8 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
                      qk_scale,                          # softmax scale · log2(e)
                      BLOCK_TABLE, stride_bt, stride_kp, stride_vp,  # paged K/V (num_pages, PAGE_SIZE, Hkv, D): pages per sequence
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_SCALE: tl.constexpr, PAGE_SIZE: tl.constexpr = 0):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_SCALE: tl.constexpr, PAGE_SIZE: tl.constexpr = 0,
+                     USE_TMA: tl.constexpr = False):     # K and V are descriptors of (1, Hkv, total_k, D) views
     start_m, off_zh = _program_block(tl.program_id(0), num_m_blocks, CAUSAL)
     off_z, off_h = off_zh // num_heads_q, off_zh % num_heads_q
     q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
@@ -48,6 +49,8 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
         table = BLOCK_TABLE + off_z * stride_bt
         k_ptrs = K + off_hkv * stride_kh + offs_d[None, :]
         v_ptrs = V + off_hkv * stride_vh + offs_d[None, :]
+    elif USE_TMA:                                      # descriptors, read at (0, KV head, k_start + key, 0)
+        k_ptrs, v_ptrs = K, V
     else:
         k_ptrs = K + (k_start + offs_n[:, None]).to(tl.int64) * stride_km + off_hkv * stride_kh + offs_d[None, :]
         v_ptrs = V + (k_start + offs_n[:, None]).to(tl.int64) * stride_vm + off_hkv * stride_vh + offs_d[None, :]
@@ -58,8 +61,9 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
     full_end, end, _ = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_km, stride_vm, offs_m, offs_n, offs_d,
                                    full_end, end, seqlen_k, seqlen_k - seqlen_q, qk_scale, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
-                                   BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32, kv_z=0, kv_h=0, USE_TMA=False,
-                                   FOLD_SCALE=FOLD_SCALE, block_table=table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE)
+                                   BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32, kv_z=0, kv_h=off_hkv.to(tl.int32), USE_TMA=USE_TMA,
+                                   FOLD_SCALE=FOLD_SCALE, block_table=table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE,
+                                   kv_row0=k_start, ROWS_PAST_END=True)
     o, lse = _normalize_rows(acc, l_i, m_i)
     row_ok = rows[:, None] < seqlen_q
     if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
@@ -73,6 +77,7 @@ def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (to
            causal:bool, scale:float,
            candidate:Candidate,                # a "tl" candidate: BLOCK_M, BLOCK_N, warps, stages
            block_table=None,                   # int32 (batch, pages): k, v are a paged pool (num_pages, page_size, Hkv, D)
+           use_tma:bool=False,                 # packed K/V through tensor descriptors (16-byte aligned rows; not with block_table)
           ):
     "Launch `_attn_fwd_varlen` once with one candidate."
     total_q, Hq, D = q.shape
@@ -81,13 +86,16 @@ def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (to
     if grid == 0: return
     paged = block_table is not None             # a pool's strides: (page, row in page, head); packed rows': (row, head)
     kv_strides = [s for t in (k, v) for s in (t.stride()[1:3] if paged else t.stride()[:2])]
+    group_size, block_d = Hq // k.shape[-2], max(triton.next_power_of_2(D), 16)
+    if use_tma:                                 # (1, Hkv, total_k, D) views: a sequence's key j is row k_start + j of its head
+        k, v = (_descriptor(t.unsqueeze(0).transpose(1, 2), candidate.BLOCK_N, block_d) for t in (k, v))
     _attn_fwd_varlen[(grid,)](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), *kv_strides,
-                              o.stride(0), o.stride(1), lse.stride(0), Hq, Hq // k.shape[-2], num_m_blocks, scale * LOG2E,
+                              o.stride(0), o.stride(1), lse.stride(0), Hq, group_size, num_m_blocks, scale * LOG2E,
                               block_table, block_table.stride(0) if paged else 0, k.stride(0) if paged else 0,
-                              v.stride(0) if paged else 0, HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16),
+                              v.stride(0) if paged else 0, HEAD_DIM=D, BLOCK_D=block_d,
                               CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=candidate.BLOCK_M,
                               BLOCK_N=candidate.BLOCK_N, FOLD_SCALE=scale > 0, PAGE_SIZE=k.shape[1] if paged else 0,
-                              **candidate.launch_options)
+                              USE_TMA=use_tma, **candidate.launch_options)
 
 # %% ../nbs/13_varlen.ipynb #35737733
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_n_blocks", "total_q"])
