@@ -138,11 +138,11 @@ def shipped():
                 path = "packed pointers" if pointers else "descriptors"
                 config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
                 jobs.append((f"prefill {c.label} D={D} {path}", ("packed" if pointers else "forward", D, config, None)))
-        for c in candidates.prefill_candidates(D, True, H200_SMEM):
+        for c in candidates.prefill_candidates(D, True, H200_SMEM, varlen=True):
             config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
             jobs.append((f"varlen {c.label} D={D}", ("varlen", D, config, None)))
             jobs.append((f"varlen {c.label} D={D} pages of 16", ("varlen", D, config, 16)))
-        for c in candidates.prefill_candidates(D, False, H200_SMEM):
+        for c in candidates.prefill_candidates(D, False, H200_SMEM, varlen=True):
             config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
             jobs.append((f"varlen {c.label} D={D} descriptors", ("varlen", D, config, "tma")))
     for Hkv, Lq in ((8, 1), (4, 8)):

@@ -6,9 +6,9 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 
 # %% auto #0
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
-           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'BACKWARD', 'INTERPRETER_BACKWARD',
-           'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits', 'prefill_candidates',
-           'decode_candidates', 'backward_candidates']
+           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'VARLEN_PREFILL_SPILLS', 'BACKWARD',
+           'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits',
+           'prefill_candidates', 'decode_candidates', 'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -104,16 +104,21 @@ def fits(candidate:Candidate, # a `tl` or decode candidate
             and _registers(block_m, c.BLOCK_N, block_d, c.num_warps, pointers) <= _REGISTER_BUDGET[pointers])
 
 # %% ../nbs/93_candidates.ipynb #06b23c7a
+# Packed sequences through descriptors (13): the few registers their sequence offsets add make ptxas spill these
+# (candidate, head-dim tile width) on sm_90 (`tools/compile_sm90.py --all`)
+VARLEN_PREFILL_SPILLS = frozenset({(Candidate("tl", 64, 128, 4, 2), 128), (Candidate("tl", 64, 64, 4, 3), 256)})
+
 def prefill_candidates(head_dim:int,        # D
                        pointers:bool,       # loads through pointers (packed GQA rows, unaligned views, no TMA)
                        smem_limit:int,      # the device's shared memory per block
                        gluon:bool=False,    # add the Gluon kernels' candidates (the dispatcher checks they may run)
+                       varlen:bool=False,   # for packed sequences (13), whose offsets cost a few registers more
                       ) -> list:            # the candidates worth timing, the `tl` ones first
     "The prefill candidates worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_PREFILL]
     block_d = max(triton.next_power_of_2(head_dim), 16)
     kept = [c for c in PREFILL_TL if fits(c, c.BLOCK_M, block_d, smem_limit, pointers)
-            and (head_dim in TUNED_HEAD_DIMS or c in ANY_HEAD_DIM)]
+            and (head_dim in TUNED_HEAD_DIMS or c in ANY_HEAD_DIM) and not (varlen and (c, block_d) in VARLEN_PREFILL_SPILLS)]
     kept = kept or [min(PREFILL_TL, key=lambda c: _smem_bytes(c.BLOCK_M, c.BLOCK_N, block_d, c.num_stages))]
     if gluon: kept += [c for c in PREFILL_GLUON if head_dim in (WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else GLUON_HEAD_DIMS)]
     return kept

@@ -312,7 +312,7 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
                    use_tma, str(q.dtype), str(q.device))
             config = _PICKS.get(key)
             if config is None or (key not in _TUNED and tuning_requested()):
-                config = _choose(key, prefill_candidates(D, not use_tma, _max_smem(q.device.index) if q.is_cuda else 0), run)
+                config = _choose(key, prefill_candidates(D, not use_tma, _max_smem(q.device.index) if q.is_cuda else 0, varlen=True), run)
         run(config)
         _WARM.add(signature)
     return config
