@@ -106,7 +106,8 @@ def fits(candidate:Candidate, # a `tl` or decode candidate
 # %% ../nbs/93_candidates.ipynb #06b23c7a
 # Packed sequences through descriptors (13): the few registers their sequence offsets add make ptxas spill these
 # (candidate, head-dim tile width) on sm_90 (`tools/compile_sm90.py --all`)
-VARLEN_PREFILL_SPILLS = frozenset({(Candidate("tl", 64, 128, 4, 2), 128), (Candidate("tl", 64, 64, 4, 3), 256)})
+VARLEN_PREFILL_SPILLS = frozenset({(Candidate("tl", 64, 128, 4, 2), 128), (Candidate("tl", 64, 64, 4, 3), 256),
+                                   (Candidate("tl", 64, 32, 4, 1), 256)})
 
 def prefill_candidates(head_dim:int,        # D
                        pointers:bool,       # loads through pointers (packed GQA rows, unaligned views, no TMA)
