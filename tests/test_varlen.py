@@ -126,6 +126,8 @@ def test_exported_and_signature_is_flash_attns():
     (dict(causal=1), TypeError, "causal must be a bool"),
 ])
 def test_bad_inputs_are_refused(change, error, message):
+    if change.get("cu_seqlens_q") == "decreasing" and torch.device(device).type != "cpu":
+        pytest.skip("offsets on the GPU are not read back: that would cost a host sync per call (documented)")
     q = torch.randn(10, 4, 32, device=device, dtype=torch.float16)
     k = torch.randn(12, 2, 32, device=device, dtype=torch.float16)
     args = dict(q=q, k=k, v=k, cu_seqlens_q=offsets([4, 6]), cu_seqlens_k=offsets([5, 7]), max_seqlen_q=6, max_seqlen_k=7)
