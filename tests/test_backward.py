@@ -39,15 +39,14 @@ def check_grads(grads, refs, dtype, names=("dq", "dk", "dv")):
         assert err <= TOL[dtype], f"{name}: relative error {err:.3g} > {TOL[dtype]}"
 
 
-def poisoned_backward(q, k, v, do, causal, scale=None, dlse=None, configs=None, deterministic=False):
-    """The dispatcher's backward into NaN-filled gradient buffers, after its own forward: every element must be written.
-    The one pass with dQ by atomics unless `deterministic` (the interpreter runs it at every head dim)."""
+def poisoned_backward(q, k, v, do, causal, scale=None, dlse=None, configs=None):
+    "The dispatcher's backward into NaN-filled gradient buffers, after its own forward: every element must be written."
     D = q.shape[-1]
     scale = D ** -0.5 if scale is None else scale
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
     _attention_forward(q, k, v, o, lse, causal, scale)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    _attention_backward(do, q, k, v, o, lse, dlse, *grads, causal, scale, configs, deterministic)
+    _attention_backward(do, q, k, v, o, lse, dlse, *grads, causal, scale, configs)
     return grads
 
 
@@ -71,14 +70,6 @@ def test_dispatcher_backward_against_the_formulas(B, Hq, Hkv, Lq, Lk, D, causal)
     q, k, v = randn(B, Hq, Lq, D), randn(B, Hkv, Lk, D), randn(B, Hkv, Lk, D)
     do = randn(B, Hq, Lq, D)
     check_grads(poisoned_backward(q, k, v, do, causal), attention_backward_ref(q, k, v, do, causal=causal), torch.float16)
-
-
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", [SHAPES[3], SHAPES[5], SHAPES[7]])
-def test_the_deterministic_two_passes_against_the_formulas(B, Hq, Hkv, Lq, Lk, D):
-    "deterministic=True: the dK/dV pass and the dQ pass, on ragged tiles, rows that see no key, GQA 3:1."
-    q, k, v = randn(B, Hq, Lq, D), randn(B, Hkv, Lk, D), randn(B, Hkv, Lk, D)
-    do = randn(B, Hq, Lq, D)
-    check_grads(poisoned_backward(q, k, v, do, True, deterministic=True), attention_backward_ref(q, k, v, do, causal=True), torch.float16)
 
 
 @pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D, causal", [
@@ -138,21 +129,15 @@ def test_gradients_keep_the_inputs_layout_and_take_any_do():
     check_grads([q.grad, k.grad, v.grad], refs, torch.float16)
 
 
-@pytest.mark.parametrize("entry", ["attention", "flash_attn_func"])
-def test_deterministic_bits(entry):
-    """deterministic=True: the same inputs give the same gradient bits on every run. The default (dQ by atomics) agrees
-    with it within rounding, and its dK and dV, summed in a fixed order, to the bit."""
+def test_deterministic_bits():
+    "No atomics: the same inputs give the same gradient bits, with or without deterministic=True."
     q, k, v = (randn(2, 4, 45, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
     do = randn(2, 4, 45, 64, dtype=torch.bfloat16)
-    def grads(deterministic):
-        if entry == "attention": out, g = attention(q, k, v, causal=True, deterministic=deterministic), do
-        else: out, g = flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, deterministic=deterministic), do.transpose(1, 2)
-        return torch.autograd.grad(out, (q, k, v), g)
-    first, again, default = grads(True), grads(True), grads(False)
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
-    assert torch.equal(first[1], default[1]) and torch.equal(first[2], default[2])
-    refs = attention_backward_ref(q.detach(), k.detach(), v.detach(), do, causal=True)
-    check_grads(default, refs, torch.bfloat16)
+    runs = []
+    for deterministic in (False, True, True):
+        grads = torch.autograd.grad(attention(q, k, v, causal=True, deterministic=deterministic), (q, k, v), do)
+        runs.append(grads)
+    assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
 
 
 @pytest.mark.parametrize("Lq, Lk", [(0, 20), (20, 0), (0, 0)])
@@ -171,8 +156,7 @@ def test_opcheck_including_autograd():
     torch.library.opcheck(ops._attention_op, (qf, k, v, False, 0.2, True))
     do = randn(1, 2, 20, 32)
     o, lse = ops._attention_op(q.detach(), k.detach(), v.detach(), True, 0.2, False)
-    for deterministic in (False, True):
-        torch.library.opcheck(ops._attention_backward_op, (do, q.detach(), k.detach(), v.detach(), o, lse, None, True, 0.2, deterministic))
+    torch.library.opcheck(ops._attention_backward_op, (do, q.detach(), k.detach(), v.detach(), o, lse, None, True, 0.2))
 
 
 def test_torch_compile_fullgraph_traces_forward_and_backward():
@@ -194,12 +178,10 @@ def test_double_backward_is_refused_clearly():
 
 
 def test_every_candidate_table_has_both_paths():
-    """Each of the two passes has candidates at every head-dim tile width, through descriptors and through pointers; the
-    one pass with atomics, through descriptors at D ≤ 128."""
+    "Each backward pass has candidates at every head-dim tile width, through descriptors and through pointers."
     for kernel in ("bwd_dkdv", "bwd_dq"):
         for block_d in (64, 128, 256):
             for pointers in (False, True): assert BACKWARD[(kernel, block_d, pointers)], (kernel, block_d, pointers)
-    for block_d in (64, 128): assert BACKWARD[("bwd_atomic", block_d, False)]
 
 
 # ---- the GPU matrix -------------------------------------------------------------------------------------------------
@@ -220,21 +202,19 @@ GPU_CASES = [  # (B, Hq, Hkv, N, D, causal, dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("B, Hq, Hkv, N, D, causal, dtype", GPU_CASES)
-def test_gpu_matrix(B, Hq, Hkv, N, D, causal, dtype, deterministic):
+def test_gpu_matrix(B, Hq, Hkv, N, D, causal, dtype):
     q, k, v = randn(B, Hq, N, D, dtype=dtype), randn(B, Hkv, N, D, dtype=dtype), randn(B, Hkv, N, D, dtype=dtype)
     do = randn(B, Hq, N, D, dtype=dtype)
-    check_grads(poisoned_backward(q, k, v, do, causal, deterministic=deterministic),
-                attention_backward_ref(q, k, v, do, causal=causal), dtype)
+    check_grads(poisoned_backward(q, k, v, do, causal), attention_backward_ref(q, k, v, do, causal=causal), dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq", "bwd_atomic"])
+@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq"])
 def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
     "Every candidate of every table, at the head dims it serves, through descriptors and pointers, not only the picks."
     import triton_fa2.forward as fwd
-    from triton_fa2.candidates import atomic_backward, backward_candidates, _max_smem
+    from triton_fa2.candidates import backward_candidates, _max_smem
     smem = _max_smem(torch.cuda.current_device())
     checked = 0
     for D in (64, 128, 256):
@@ -243,13 +223,12 @@ def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
         for pointers in (False, True):
             monkeypatch.setattr(fwd, "_has_tma", lambda device: not pointers)   # a GPU without TMA: the pointer path
             views = (q, k, v, do)
-            if kernel == "bwd_atomic" and not atomic_backward(D, pointers): continue
             for c in backward_candidates(kernel, D, pointers, smem):
                 other = BACKWARD[("bwd_dq" if kernel == "bwd_dkdv" else "bwd_dkdv", min(max(D, 64), 256), pointers)][0]
-                configs = (c,) if kernel == "bwd_atomic" else (c, other) if kernel == "bwd_dkdv" else (other, c)
+                configs = (c, other) if kernel == "bwd_dkdv" else (other, c)
                 check_grads(poisoned_backward(*views, causal=True, configs=configs), refs, torch.bfloat16)
                 checked += 1
-    assert checked >= 6
+    assert checked >= 10
 
 
 @pytest.mark.gpu

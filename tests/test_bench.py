@@ -128,7 +128,7 @@ def test_backward_workloads_and_their_flops():
 TINY_GRADS = [Workload(op, 1, 2, 1, 48, 48, 32, dtype, True) for op in ("backward", "fwd_bwd") for dtype in ("fp16", "bf16")]
 
 
-@pytest.mark.parametrize("provider", ["triton_fa2", "triton_fa2_deterministic", "sdpa"])
+@pytest.mark.parametrize("provider", ["triton_fa2", "sdpa"])
 @pytest.mark.parametrize("w", TINY_GRADS, ids=lambda w: w.label)
 def test_gradients_pass_the_reference_check(provider, w):
     "dq, dk, dv of our backward (in the interpreter without a GPU) and of SDPA are checked against float32 autograd; .grad stays empty."
@@ -137,10 +137,9 @@ def test_gradients_pass_the_reference_check(provider, w):
     assert row["max_err"] and float(row["max_err"]) <= tolerance(w), row
     assert all(t.grad is None for t in inputs[:3])                     # autograd.grad returns them: nothing accumulates
     if not torch.cuda.is_available(): assert row["skip_reason"] == "timing needs a GPU" and row["ms"] == ""
-    if provider.startswith("triton_fa2"):                                 # the tuned configs, as tools/make_rules.py reads them
-        passes = [p.split()[0] for p in row["config"].split(" + ")]
-        backward = ["dkdv", "dq"] if provider == "triton_fa2_deterministic" else ["atomic"]   # the interpreter has one-pass tiles at any D
-        assert passes[-len(backward):] == backward and len(passes) == len(backward) + (w.op == "fwd_bwd"), row
+    if provider == "triton_fa2":                                          # the tuned configs, as tools/make_rules.py reads them
+        passes = row["config"].split(" + ")
+        assert [p.split()[0] for p in passes[-2:]] == ["dkdv", "dq"] and len(passes) == {"backward": 2, "fwd_bwd": 3}[w.op], row
 
 
 def test_wrong_or_missing_gradients_are_not_timed(monkeypatch):
@@ -247,7 +246,7 @@ def test_a_failed_check_is_fail_and_exit_status_1(monkeypatch, capsys):
     (["--shapes", "cpu:Q=1"], "argument --shapes: unknown field 'Q' in 'cpu:Q=1'; use one of ['batch', 'causal', 'dtype', 'head_dim', "
                               "'heads_kv', 'heads_q', 'op', 'seqlen_k', 'seqlen_q'] or B, N, D, H, Lq, Lk"),
     (["--shapes", "cpu:B=7"], "argument --shapes: 'cpu:B=7' selects no workloads; in 'cpu', batch ∈ [1, 2]"),
-    (["--providers", "triton_fa2,nope"], "argument --providers: unknown provider 'nope'; choose from triton_fa2, triton_fa2_deterministic, sdpa, sdpa_flash, "
+    (["--providers", "triton_fa2,nope"], "argument --providers: unknown provider 'nope'; choose from triton_fa2, sdpa, sdpa_flash, "
                                          "sdpa_cudnn, sdpa_efficient, flex, flash_attn, naive"),
     (["--quick", "--shapes", "cpu"], "argument --shapes: not allowed with argument --quick"),
     (["--fresh", "--resume"], "argument --resume: not allowed with argument --fresh"),

@@ -110,17 +110,15 @@ def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat
 
 
 def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(32, 128, 8, 3), pointers=False):
-    """Compile one pass of the backward (`bwd_dkdv`, `bwd_dq` or the one pass `bwd_atomic`) through descriptors or pointers,
-    on aligned views: the dispatcher copies a view TMA cannot address, so pointers serve GPUs without TMA, whose tensors are aligned."""
+    """Compile one pass of the backward (`bwd_dkdv` or `bwd_dq`) through descriptors or pointers, on aligned views: the
+    dispatcher copies a view TMA cannot address, so pointers serve GPUs without TMA, whose tensors are aligned."""
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
     c = Candidate(kernel, *config)
-    if kernel in ("bwd_dkdv", "bwd_atomic"):
-        dq_accum = torch.empty(q.shape) if kernel == "bwd_atomic" else None
+    if kernel == "bwd_dkdv":
         with offline(bwd, "_attn_bwd_dkdv") as (compiled,):
-            bwd.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, c, use_tma=not pointers,
-                            dq_accum=dq_accum)
+            bwd.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, c, use_tma=not pointers)
     else:
         with offline(bwd, "_attn_bwd_dq") as (compiled,):
             bwd.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, c, use_tma=not pointers)
@@ -131,7 +129,7 @@ def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
-    packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's passes, every candidate of each table at its
+    packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
     head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):

@@ -8,21 +8,15 @@ The file records the GPU, the versions, the commits and the dates of the rows it
 """
 import argparse, collections, csv, json, pathlib
 
-OPS = ("prefill", "backward")                                  # the bench's ops whose tuned configs make rules
-PROVIDERS = ("triton_fa2", "triton_fa2_deterministic")         # the one-pass backward's picks, and the two passes'
-
-
-def kernel_of(op:str, label:str) -> str:
-    "The dispatcher's kernel of one config label: 'prefill' for the forward's, 'bwd_dkdv' for 'dkdv 32x64 w4 s3', …"
-    return "prefill" if op == "prefill" else "bwd_" + label.split()[0]
+KERNELS = {"prefill": ("prefill",), "backward": ("bwd_dkdv", "bwd_dq")}   # the bench's op → the dispatcher's kernels
 
 
 def rules(rows:list) -> list:
     "One rule per (kernel, head dim, dtype, causal, Lk): the config most rows picked; a tie goes to the largest call."
     votes = collections.defaultdict(list)
     for r in rows:
-        labels = r["config"].split(" + ")                    # backward rows: "atomic …", or "dkdv … + dq …"
-        for kernel, label in ((kernel_of(r["op"], l), l) for l in labels):
+        labels = r["config"].split(" + ")                    # backward rows: "dkdv … + dq …"
+        for kernel, label in zip(KERNELS[r["op"]], labels):
             work = int(r["batch"]) * int(r["heads_q"]) * int(r["seqlen_q"]) * int(r["seqlen_k"])
             votes[kernel, int(r["head_dim"]), r["dtype"], bool(int(r["causal"])), int(r["seqlen_k"])].append((label, work))
     out = []
@@ -41,8 +35,8 @@ def main(argv=None):
     p.add_argument("--gpu", default="NVIDIA H200")
     p.add_argument("--out", default="triton_fa2/rules_sm90.json")
     a = p.parse_args(argv)
-    rows = [r for r in csv.DictReader(open(a.raw)) if r["provider"] in PROVIDERS and r["gpu"] == a.gpu
-            and r["op"] in OPS and r["config"] and not r["skip_reason"]]
+    rows = [r for r in csv.DictReader(open(a.raw)) if r["provider"] == "triton_fa2" and r["gpu"] == a.gpu
+            and r["op"] in KERNELS and r["config"] and not r["skip_reason"]]
     if not rows: raise SystemExit(f"no tuned triton_fa2 rows of {a.gpu} in {a.raw}")
     meta = {c: sorted({r[c] for r in rows}) for c in ("gpu", "torch", "triton", "commit")}
     meta["date"] = [min(r["date"] for r in rows), max(r["date"] for r in rows)]

@@ -115,10 +115,8 @@ def _mma(a, b, acc, DOT_FP32: tl.constexpr):
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, M_rows, DELTA_rows, stride_qm, stride_dom,
                          offs_m, offs_n, offs_d, lo, hi, seqlen_q, diag_offset, qk_scale,
                          MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         DOT_FP32: tl.constexpr, q_z=0, q_h=0, USE_TMA: tl.constexpr = False,
-                         dq_dst=None, stride_dqm=0, scale=1.0, ATOMIC_DQ: tl.constexpr = False):
-    """dV += Pᵀ dO and dK += dSᵀ Q over the Q tiles [lo, hi): pointers at row `lo`, or descriptors read at (q_z, q_h).
-    With ATOMIC_DQ, also dQ += scale · dS K of these keys, added by atomics into float32 `dq_dst` (its row 0 of this head)."""
+                         DOT_FP32: tl.constexpr, q_z=0, q_h=0, USE_TMA: tl.constexpr = False):
+    "dV += Pᵀ dO and dK += dSᵀ Q over the Q tiles [lo, hi): pointers at row `lo`, or descriptors read at (q_z, q_h)."
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         if USE_TMA: q = q_src.load([q_z, q_h, start_m, 0]).reshape([BLOCK_M, BLOCK_D])
@@ -131,13 +129,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, M_rows, DELTA_rows, stride
         dv = _mma(p_t.to(do.dtype), do, dv, DOT_FP32)
         delta = tl.load(DELTA_rows + rows, mask=rows < seqlen_q, other=0.0)
         ds_t = p_t * (_mma(v, tl.trans(do), None, DOT_FP32) - delta[None, :])   # dSᵀ = Pᵀ ∘ (V dOᵀ − Δ), float32
-        ds_t = ds_t.to(q.dtype)
-        dk = _mma(ds_t, q, dk, DOT_FP32)
-        if ATOMIC_DQ:                                        # dQᵀ = Kᵀ dSᵀ: D rows, so one warpgroup's product at any BLOCK_M
-            dq_t = _mma(tl.trans(k), ds_t, None, DOT_FP32) * scale
-            row_ok = rows[None, :] < seqlen_q
-            if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[:, None] < HEAD_DIM)
-            tl.atomic_add(dq_dst + rows[None, :].to(tl.int64) * stride_dqm + offs_d[:, None], dq_t, mask=row_ok, sem="relaxed")
+        dk = _mma(ds_t.to(q.dtype), q, dk, DOT_FP32)
         if not USE_TMA:
             q_src += BLOCK_M * stride_qm
             do_src += BLOCK_M * stride_dom
@@ -150,9 +142,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, M, DELTA,     # q, k, v, do, dk, dv (B, 
                    num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   USE_TMA: tl.constexpr,                  # Q and DO are tensor descriptors
-                   DQ=None, stride_dqz=0, stride_dqh=0, stride_dqm=0, # float32 dQ (B, Hq, Lq, D) with ATOMIC_DQ
-                   ATOMIC_DQ: tl.constexpr = False):       # dQ added here by atomics too: the one-pass backward
+                   USE_TMA: tl.constexpr):                 # Q and DO are tensor descriptors
     """A program per (K/V block, batch, KV head): dK and dV of its keys, summed over its GQA group's query heads and every
     Q block that sees them. Every element is written by one program: no atomics, the same bits on every run."""
     start_n, off_zh = _program_block(tl.program_id(0), tl.cdiv(seqlen_k, BLOCK_N), False)   # causal: block 0 sees the most rows
@@ -177,8 +167,6 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, M, DELTA,     # q, k, v, do, dk, dv (B, 
         off_h = off_hkv * group_size + g
         q_z, q_h = off_z.to(tl.int32), off_h.to(tl.int32)
         rows_at = (off_z * num_heads_q + off_h) * seqlen_q
-        dq_dst = DQ
-        if ATOMIC_DQ: dq_dst = DQ + off_z * stride_dqz + off_h * stride_dqh
         if USE_TMA:
             q_src, do_src = Q, DO
         else:
@@ -194,13 +182,11 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, M, DELTA,     # q, k, v, do, dk, dv (B, 
             dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_lo, do_lo, M + rows_at, DELTA + rows_at, stride_qm, stride_dom,
                                           offs_m, offs_n, offs_d, lo, mid, seqlen_q, diag_offset, qk_scale,
                                           MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32,
-                                          q_z=q_z, q_h=q_h, USE_TMA=USE_TMA, dq_dst=dq_dst, stride_dqm=stride_dqm,
-                                          scale=scale, ATOMIC_DQ=ATOMIC_DQ)
+                                          q_z=q_z, q_h=q_h, USE_TMA=USE_TMA)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, M + rows_at, DELTA + rows_at, stride_qm, stride_dom,
                                       offs_m, offs_n, offs_d, mid, hi, seqlen_q, diag_offset, qk_scale,
                                       MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32,
-                                      q_z=q_z, q_h=q_h, USE_TMA=USE_TMA, dq_dst=dq_dst, stride_dqm=stride_dqm,
-                                      scale=scale, ATOMIC_DQ=ATOMIC_DQ)
+                                      q_z=q_z, q_h=q_h, USE_TMA=USE_TMA)
     dk *= scale                                              # S = scale · QKᵀ: the scale once, here, not in every tile
     key_ok = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM: key_ok = key_ok & (offs_d[None, :] < HEAD_DIM)
@@ -295,9 +281,8 @@ def launch_dkdv(q, k, v, do, dk, dv,        # (B, H, L, D) views; dk, dv shaped 
                 causal:bool, scale:float,
                 candidate:Candidate,        # a "bwd_dkdv" candidate: BLOCK_M (query rows per step), BLOCK_N (keys per program)
                 use_tma:bool=False,         # Q and dO through tensor descriptors (16-byte aligned views)
-                dq_accum:torch.Tensor=None, # float32 (B, Hq, Lq, D), zeroed: dQ added into it by this pass too (atomics)
                ):
-    "Launch `_attn_bwd_dkdv` once: dK and dV (summed over each GQA group) into dk, dv, and dQ into `dq_accum` if given."
+    "Launch `_attn_bwd_dkdv` once: dK and dV (summed over each GQA group) into dk, dv."
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     block_d = max(triton.next_power_of_2(D), 16)
@@ -305,12 +290,9 @@ def launch_dkdv(q, k, v, do, dk, dv,        # (B, H, L, D) views; dk, dv shaped 
     strides = [s for t in (q, k, v, do, dk, dv) for s in t.stride()[:3]]
     dot_fp32 = _dot_in_fp32(q.dtype)
     q, do = _tma_views((q, do), candidate.BLOCK_M, block_d, use_tma)
-    dq = {} if dq_accum is None else dict(DQ=dq_accum, stride_dqz=dq_accum.stride(0), stride_dqh=dq_accum.stride(1),
-                                          stride_dqm=dq_accum.stride(2), ATOMIC_DQ=True)
     if grid: _attn_bwd_dkdv[(grid,)](q, k, v, do, dk, dv, m, delta, *strides, Hq, Hq // Hkv, Lq, Lk, scale, scale * LOG2E,
                                      HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32,
-                                     BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **dq,
-                                     **candidate.launch_options)
+                                     BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **candidate.launch_options)
 
 # %% ../nbs/12_backward.ipynb #3a248b82
 def launch_dq(q, k, v, do, dq,              # (B, H, L, D) views; dq shaped as q

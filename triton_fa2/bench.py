@@ -168,11 +168,6 @@ def _sdpa(backend=None):
 def _triton_fa2(w, q, k, v):
     return decode(q, k, v, causal=w.causal) if w.op == "decode" else attention(q, k, v, causal=w.causal)
 
-def _triton_fa2_deterministic(w, q, k, v):
-    "Ours with `deterministic=True`: the backward's two passes, the same bits on every run (the forward is the same kernel)."
-    if w.op not in GRAD_OPS: raise Unsupported("deterministic=True changes only the backward")
-    return attention(q, k, v, causal=w.causal, deterministic=True)
-
 @functools.lru_cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -203,7 +198,7 @@ def _naive(w, q, k, v):
     if scores > NAIVE_MAX_SCORE_BYTES: raise Unsupported(f"naive attention materialises {scores / 2**30:.1f} GiB of scores (limit 4 GiB)")
     return attention_ref(q, k, v, causal=w.causal)[0].to(q.dtype)
 
-PROVIDERS = {"triton_fa2": _triton_fa2, "triton_fa2_deterministic": _triton_fa2_deterministic, "sdpa": _sdpa(), "sdpa_flash": None, "sdpa_cudnn": None, "sdpa_efficient": None,
+PROVIDERS = {"triton_fa2": _triton_fa2, "sdpa": _sdpa(), "sdpa_flash": None, "sdpa_cudnn": None, "sdpa_efficient": None,
              "flex": _flex, "flash_attn": _flash_attn, "naive": _naive}
 
 def _pinned_sdpa_providers():
@@ -263,12 +258,11 @@ def sampled_error(w:Workload, o, q, k, v, refs:dict=None, do=None) -> float:
             err = max(err, diff / max(floor, r.abs().max().item()) if math.isfinite(diff) else math.inf)
     return err
 
-def tuned_config(w:Workload, q, k, v, deterministic:bool=False) -> str:
+def tuned_config(w:Workload, q, k, v) -> str:
     """The configs tuning picked for this workload (timed in this process or read from the tuning cache): a prefill's,
-    e.g. '64x64 w4 s3'; a backward's pass or passes, 'atomic 32x64 w4 s3', or with `deterministic`
-    'dkdv 32x64 w8 s2 + dq 128x64 w8 s2'; fwd_bwd's with the forward's first."""
+    e.g. '64x64 w4 s3'; a backward's two passes, 'dkdv 32x64 w8 s2 + dq 128x64 w8 s2'; fwd_bwd's three."""
     if w.op not in GRAD_OPS: return warmup(q, k, v, causal=w.causal, tune=True).label   # tuned already: finds the pick
-    picks = warmup(q, k, v, causal=w.causal, tune=True, backward=True, deterministic=deterministic)
+    picks = warmup(q, k, v, causal=w.causal, tune=True, backward=True)
     return " + ".join(c.label for c in (picks[1:] if w.op == "backward" else picks))
 
 def _row(w:Workload, provider:str, meta:dict, **values) -> dict:
@@ -311,7 +305,7 @@ def _call(w:Workload, provider:str):
 def measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None) -> dict:
     """`_measure`, with triton_fa2 tuned: its first call of each new key times every candidate (or reads the pick an
     earlier tuning saved), so that its figures are the tuned kernel's, not the first-call rule's."""
-    with tuning() if provider.startswith("triton_fa2") else contextlib.nullcontext():
+    with tuning() if provider == "triton_fa2" else contextlib.nullcontext():
         return _measure(w, provider, input_sets, meta, refs)
 
 def _measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=None) -> dict:
@@ -328,8 +322,8 @@ def _measure(w:Workload, provider:str, input_sets:list, meta:dict, refs:dict=Non
     except torch.cuda.OutOfMemoryError:
         return _row(w, provider, meta, skip_reason="out of GPU memory")
     err = sampled_error(w, o, q, k, v, refs, *do)
-    if provider.startswith("triton_fa2") and w.op != "decode":   # which configs ran: tuning's picks can differ between runs
-        meta = dict(meta, config=tuned_config(w, q, k, v, deterministic=provider == "triton_fa2_deterministic"))
+    if provider == "triton_fa2" and w.op != "decode":        # which configs ran: tuning's picks can differ between runs
+        meta = dict(meta, config=tuned_config(w, q, k, v))
     if not err <= tol:
         return _row(w, provider, meta, max_err=f"{err:.2e}", skip_reason=f"wrong result: max error {err:.2e} > {tol:.1e}")
     if not q.is_cuda:
@@ -372,10 +366,8 @@ def _copies(w:Workload) -> int:
     return max(1, min(8, math.ceil(2 * L2_BYTES / max(w.io_bytes(), 1))))
 
 def providers_for(w:Workload, providers:list, flex_everywhere:bool=False) -> list:
-    """The providers to run on `w`: FlexAttention (20–40 s of compilation per shape) only on its subset unless asked for;
-    ours with `deterministic=True` only where there are gradients."""
-    return [p for p in providers if (p != "flex" or flex_everywhere or w in FLEX_DEFAULT_WORKLOADS or not gpu_available())
-            and (p != "triton_fa2_deterministic" or w.op in GRAD_OPS)]
+    "The providers to run on `w`: FlexAttention (20–40 s of compilation per shape) only on its subset unless asked for."
+    return [p for p in providers if p != "flex" or flex_everywhere or w in FLEX_DEFAULT_WORKLOADS or not gpu_available()]
 
 def _key(row:dict) -> tuple: return tuple(str(row[c]) for c in COLUMNS[:10])
 

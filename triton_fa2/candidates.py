@@ -8,7 +8,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
            'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'VARLEN_PREFILL_SPILLS', 'BACKWARD',
            'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits',
-           'prefill_candidates', 'decode_candidates', 'atomic_backward', 'backward_candidates']
+           'prefill_candidates', 'decode_candidates', 'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -22,7 +22,7 @@ import triton
 class Candidate:
     """One launch configuration of one kernel. `kernel`: "tl" (the prefill kernel of 03), "gluon" (11; with
     `WARP_SPECIALIZE`, its warp-specialised kernel), "decode" (06, whose rows per program follow from the shape, so
-    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "bwd_atomic" (its one pass with dQ by atomics, 12). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
+    `BLOCK_M` is 0), or "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
     kernel: str
     BLOCK_M: int
     BLOCK_N: int
@@ -150,12 +150,8 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dq", 128, True): _BWD("bwd_dq", (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 8, 2)),
     ("bwd_dq", 256, False): _BWD("bwd_dq", (128, 32, 8, 2), (64, 64, 8, 2), (32, 32, 4, 2)),
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
-    # The one pass that adds dQ by atomics: through descriptors, at D ≤ 128 (elsewhere the two passes run)
-    ("bwd_atomic", 64, False): _BWD("bwd_atomic", (32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3)),
-    ("bwd_atomic", 128, False): _BWD("bwd_atomic", (32, 64, 4, 3), (64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2)),
 }
-INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1),
-                        "bwd_atomic": Candidate("bwd_atomic", 16, 32, 4, 1)}
+INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
 VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (Candidate("bwd_dq", 64, 32, 8, 2), 256)})
@@ -169,18 +165,11 @@ BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, 
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
-    buffers of the two it streams (Q and dO, or K and V); the one-pass kernel also stages its float32 dQ tile."""
-    kept, streamed = (c.BLOCK_M, c.BLOCK_N) if c.kernel == "bwd_dq" else (c.BLOCK_N, c.BLOCK_M)
-    staged = 4 * c.BLOCK_M * block_d if c.kernel == "bwd_atomic" else 0
-    return itemsize * block_d * 2 * (kept + streamed * max(c.num_stages, 1)) + staged
+    buffers of the two it streams (Q and dO, or K and V)."""
+    kept, streamed = (c.BLOCK_N, c.BLOCK_M) if c.kernel == "bwd_dkdv" else (c.BLOCK_M, c.BLOCK_N)
+    return itemsize * block_d * 2 * (kept + streamed * max(c.num_stages, 1))
 
-def atomic_backward(head_dim:int,           # D
-                    pointers:bool,          # tiles through pointers (unaligned views, no TMA)
-                   ) -> bool:
-    "Whether the one-pass backward (dQ by atomics) has tiles for this head dim and path; the interpreter runs it at any."
-    return interpreting() or ("bwd_atomic", min(max(triton.next_power_of_2(head_dim), 64), 256), pointers) in BACKWARD
-
-def backward_candidates(kernel:str,         # "bwd_dkdv", "bwd_dq", or "bwd_atomic" where `atomic_backward`
+def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         head_dim:int,       # D
                         pointers:bool,      # tiles through pointers (unaligned views, no TMA)
                         smem_limit:int,     # the device's shared memory per block

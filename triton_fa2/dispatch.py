@@ -19,7 +19,7 @@ import warnings
 import torch
 import triton
 from . import backward as _backward, forward as _forward, split_kv as _split_kv, varlen as _varlen
-from .candidates import Candidate, _max_smem, atomic_backward, backward_candidates, decode_candidates, prefill_candidates
+from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import _TRITON_KEY, _DecodeLaunch, _Launch, _decode_plan_key, _keep_plan, _plan_key, fast_launch_possible
 from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
 from .validation import _capability
@@ -268,32 +268,22 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
 
 
 # %% ../nbs/94_dispatch.ipynb #c501c142
-def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scale:float, configs:tuple=None,
-                        deterministic:bool=False) -> tuple:
+def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scale:float, configs:tuple=None) -> tuple:
     """Gradients of attention into dq, dk, dv (shaped as q, k, v) from (B, H, L, D) views of do, q, k, v, o, the forward's
-    contiguous lse (B, Hq, Lq) and dlse (its gradient, or None). One pass that adds dQ by atomics where it has tiles, unless
-    `deterministic`; else the two passes. `configs`: the candidates of the passes to run, bypassing the choice (a
-    "bwd_atomic" one, or the dK/dV and the dQ ones). Returns the candidates launched."""
+    contiguous lse (B, Hq, Lq) and dlse (its gradient, or None). `configs`: (dK/dV candidate, dQ candidate), bypassing the
+    choice. Returns the two candidates launched."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq == 0: return configs
-    signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs, deterministic)
+    signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         delta, m = _backward.launch_preprocess(o, do, lse, dlse)
         if _forward._has_tma(q.device):   # a view TMA cannot address is copied once: each pass then streams it through TMA
             q, k, v, do = (t if _forward._descriptors_fit(t) else t.contiguous() for t in (q, k, v, do))
         use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
-        one_pass = configs[0].kernel == "bwd_atomic" if configs else not deterministic and atomic_backward(D, not use_tma)
-        if one_pass:
-            dq_accum = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-            def one(c):                                     # every launch (a timed one too) starts from dQ = 0
-                dq_accum.zero_()
-                _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, dq_accum)
-            passes = (("bwd_atomic", one),)
-        else:
-            passes = (("bwd_dkdv", lambda c: _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma)),
-                      ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma)))
+        passes = (("bwd_dkdv", lambda c: _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma)),
+                  ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma)))
         picks = []
         for i, (kernel, run) in enumerate(passes):
             pick = configs[i] if configs is not None else None
@@ -305,7 +295,6 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
                     pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run, rule)
             run(pick)
             picks.append(pick)
-        if one_pass: dq.copy_(dq_accum)
         _WARM.add(signature)
     return tuple(picks)
 

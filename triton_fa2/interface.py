@@ -26,13 +26,13 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               causal:bool=False,      # bottom-right causal: query i sees keys j ≤ i + Lk − Lq
               scale:float=None,       # softmax scale; None means 1/sqrt(D)
               return_lse:bool=False,  # also return the log-sum-exp of each row
-              deterministic:bool=False, # the backward's gradients the same bits on every run (two passes, no atomics; slower)
+              deterministic:bool=False, # accepted for flash-attn's vocabulary: the backward is always deterministic
              ):                       # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32, natural log)
     """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v, with GQA/MQA, for any strides whose last dim is contiguous.
-    Differentiable in q, k and v (and through the LSE); with `deterministic=True`, gradients that are the same bits on every run."""
+    Differentiable in q, k and v (and through the LSE), with gradients that are the same bits on every run."""
     causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
-    o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False, bool(deterministic))
+    o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False)
     return (o, lse) if return_lse else o
 
 # %% ../nbs/97_interface.ipynb #dedff815
@@ -45,7 +45,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqle
                     window_size:tuple=(-1, -1), # must be (-1, -1): no sliding window yet
                     softcap:float=0.0,          # must be 0.0
                     alibi_slopes=None,          # must be None
-                    deterministic:bool=False,   # the backward's gradients the same bits on every run (no atomics; slower)
+                    deterministic:bool=False,   # accepted: forward and backward are always deterministic (no atomics)
                     return_attn_probs:bool=False, # also return (softmax_lse (B, Hq, Lq) float32, None)
                    ):                           # out (B, Lq, Hq, D) in q's dtype; with return_attn_probs, (out, softmax_lse, None)
     """Drop-in for `flash_attn.flash_attn_func`, forward and backward, on the same Triton kernels as `attention`, without copies.
@@ -59,7 +59,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqle
     _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))            # (B, H, L, D) views of the same memory
     D = q.shape[-1]
-    out, lse = _run_attention(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True, bool(deterministic))
+    out, lse = _run_attention(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True)
     return (out, lse, None) if return_attn_probs else out
 
 # %% ../nbs/97_interface.ipynb #239950c1
@@ -76,7 +76,7 @@ def flash_attn_varlen_func(q:torch.Tensor,             # (total_q, Hq, D) querie
                            window_size:tuple=(-1, -1), # must be (-1, -1): no sliding window yet
                            softcap:float=0.0,          # must be 0.0
                            alibi_slopes=None,          # must be None
-                           deterministic:bool=False,   # accepted: packed sequences' gradients are always the same bits (two passes, no atomics)
+                           deterministic:bool=False,   # accepted: forward and backward are always deterministic (no atomics)
                            return_attn_probs:bool=False, # also return (softmax_lse (Hq, total_q) float32, None)
                            block_table=None,           # int32 (batch, pages): k, v are a paged pool (num_pages, page_size, Hkv, D); forward only
                           ):                           # out (total_q, Hq, D) in q's dtype, 0 in rows of no sequence; with return_attn_probs, (out, softmax_lse, None)
@@ -169,8 +169,7 @@ def warmup(q:torch.Tensor,       # (B, Hq, Lq, D) queries shaped like the real o
            scale:float=None,
            tune:bool=False,      # time every candidate and save the fastest in the tuning cache (seconds, once per machine)
            backward:bool=False,  # also compile (with `tune`, tune) the backward, for training
-           deterministic:bool=False, # the backward as `attention(..., deterministic=True)` runs it
-          ):                     # the forward's candidate (on sm_90 perhaps a Gluon kernel's); with `backward`, (forward, *the backward's passes)
+          ):                     # the forward's candidate (on sm_90 perhaps a Gluon kernel's); with `backward`, (forward, dK/dV, dQ)
     "Compile `attention` for inputs like these now (and tune it, with `tune`), so that real calls, timings and CUDA graphs run the kernel alone."
     causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
@@ -180,6 +179,6 @@ def warmup(q:torch.Tensor,       # (B, Hq, Lq, D) queries shaped like the real o
         config = _attention_forward(q, k, v, o, lse, causal, scale)
         if backward:
             grads = [torch.empty_like(t) for t in (q, k, v)]
-            passes = _attention_backward(torch.randn_like(q), q, k, v, o, lse, None, *grads, causal, scale, deterministic=deterministic)
+            passes = _attention_backward(torch.randn_like(q), q, k, v, o, lse, None, *grads, causal, scale)
     if q.is_cuda: torch.cuda.synchronize(q.device)
     return (config, *passes) if backward else config

@@ -26,50 +26,47 @@ def _define_operator(namespace:str, schema:str, impl, fake):
     return getattr(getattr(torch.ops, namespace), name).default
 
 # %% ../nbs/96_ops.ipynb #c41ac2e2
-def _attention_impl(q, k, v, causal, scale, flash_layout, deterministic=False):
-    """(B, H, L, D) views in; o ((B, Hq, Lq, D), or (B, Lq, Hq, D) with flash_layout) and lse (B, Hq, Lq) float32 out.
-    `deterministic` is for the backward: it chooses the schedule of the gradients."""
+def _attention_impl(q, k, v, causal, scale, flash_layout):
+    "(B, H, L, D) views in; o ((B, Hq, Lq, D), or (B, Lq, Hq, D) with flash_layout) and lse (B, Hq, Lq) float32 out."
     o, lse = _attention_fake(q, k, v, causal, scale, flash_layout)
     _attention_forward(q, k, v, o.transpose(1, 2) if flash_layout else o, lse, causal, scale)
     return o, lse
 
-def _attention_fake(q, k, v, causal, scale, flash_layout, deterministic=False):
+def _attention_fake(q, k, v, causal, scale, flash_layout):
     B, Hq, Lq, D = q.shape
     o = q.new_empty(B, Lq, Hq, D) if flash_layout else q.new_empty(B, Hq, Lq, D)
     return o, q.new_empty(B, Hq, Lq, dtype=torch.float32)
 
-_attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool flash_layout, "
-                                        "bool deterministic=False) -> (Tensor, Tensor)",
+_attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool flash_layout) -> (Tensor, Tensor)",
                                  _attention_impl, _attention_fake)
 
 # %% ../nbs/96_ops.ipynb #17a95305
-def _attention_backward_impl(do, q, k, v, o, lse, dlse, causal, scale, deterministic=False):
-    """(B, H, L, D) views of dO, q, k, v, o; lse (B, Hq, Lq); dlse (B, Hq, Lq) or None. (dq, dk, dv) shaped as q, k, v;
-    with `deterministic`, the same bits on every run."""
+def _attention_backward_impl(do, q, k, v, o, lse, dlse, causal, scale):
+    "(B, H, L, D) views of dO, q, k, v, o; lse (B, Hq, Lq); dlse (B, Hq, Lq) or None. (dq, dk, dv) shaped as q, k, v."
     dq, dk, dv = _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale)
     if do.stride(-1) != 1 or 0 in do.stride(): do = do.contiguous()
     if dlse is not None: dlse = dlse.float().contiguous()
-    _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale, deterministic=deterministic)
+    _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale)
     return dq, dk, dv
 
-def _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale, deterministic=False):
+def _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 _attention_backward_op = _define_operator(_OPS, "attention_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
-                                                "Tensor? dlse, bool causal, float scale, bool deterministic=False) -> (Tensor, Tensor, Tensor)",
+                                                "Tensor? dlse, bool causal, float scale) -> (Tensor, Tensor, Tensor)",
                                           _attention_backward_impl, _attention_backward_fake)
 
 def _attention_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, flash_layout, *deterministic = inputs
+    q, k, v, causal, scale, flash_layout = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale, ctx.flash_layout, ctx.deterministic = causal, scale, flash_layout, bool(deterministic and deterministic[0])
+    ctx.causal, ctx.scale, ctx.flash_layout = causal, scale, flash_layout
 
 def _attention_grad(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     if ctx.flash_layout: o, do = o.transpose(1, 2), do.transpose(1, 2)   # (B, Lq, Hq, D) outputs, as (B, Hq, Lq, D) views
-    dq, dk, dv = _attention_backward_op(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+    dq, dk, dv = _attention_backward_op(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None
 
 torch.library.register_autograd(f"{_OPS}::attention", _attention_grad, setup_context=_attention_setup_context, lib=_LIBRARIES[_OPS])
 
@@ -151,10 +148,10 @@ def _needs_grad(*tensors) -> bool:
     "Whether autograd records this call: then the operator runs, whose backward is registered."
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
-def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool, deterministic:bool=False):
+def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool):
     "`triton_fa2::attention`; in plain eager calls without gradients, its implementation directly (the dispatcher's round trip saved)."
     if _plain_eager(q, k, v) and not _needs_grad(q, k, v): return _attention_impl(q, k, v, causal, scale, flash_layout)
-    return _attention_op(q, k, v, causal, scale, flash_layout, deterministic)
+    return _attention_op(q, k, v, causal, scale, flash_layout)
 
 def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, num_splits:int, block_table=None,
                 cache_batch_idx=None, cache_leftpad=None):
