@@ -92,9 +92,15 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if PAGE_SIZE > 0:                                    # each key's page from the table: no key outside a named page is read
-            page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
-            in_page = (cols % PAGE_SIZE)[:, None].to(tl.int64)
-            k = _load_rows(k_src + page[:, None] * stride_kp + in_page * stride_kn, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+            if PAGE_SIZE % BLOCK_N == 0:                     # tiles start at multiples of BLOCK_N: the tile lies in one page
+                page = tl.load(block_table + start_n // PAGE_SIZE).to(tl.int64)
+                in_page = (start_n % PAGE_SIZE + offs_n)[:, None].to(tl.int64)
+                k_rows, v_rows = page * stride_kp + in_page * stride_kn, page * stride_vp + in_page * stride_vn
+            else:                                            # a lookup per key
+                page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
+                in_page = (cols % PAGE_SIZE)[:, None].to(tl.int64)
+                k_rows, v_rows = page[:, None] * stride_kp + in_page * stride_kn, page[:, None] * stride_vp + in_page * stride_vn
+            k = _load_rows(k_src + k_rows, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         elif USE_TMA: k = k_src.load([kv_z, kv_h, kv_row0 + start_n, 0]).reshape([BLOCK_N, BLOCK_D])
         else: k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
@@ -102,7 +108,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL,
                                            FOLD_SCALE, FIXED_MAX)
         if not FIXED_MAX: acc = acc * alpha[:, None]
-        if PAGE_SIZE > 0: v = _load_rows(v_src + page[:, None] * stride_vp + in_page * stride_vn, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        if PAGE_SIZE > 0: v = _load_rows(v_src + v_rows, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         elif USE_TMA:
             v = v_src.load([kv_z, kv_h, kv_row0 + start_n, 0]).reshape([BLOCK_N, BLOCK_D])
             if MASKED and ROWS_PAST_END: v = tl.where(cols[:, None] < seqlen_k, v, 0.0)   # P is 0 there, but 0 · NaN is not

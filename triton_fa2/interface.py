@@ -153,7 +153,7 @@ def flash_attn_with_kvcache(q:torch.Tensor,                # (B, Lq, Hq, D) the 
             pages = block_table.long().gather(1, positions // page_size)
             k_cache[pages, positions % page_size], v_cache[pages, positions % page_size] = k, v
         seqlens = seqlens + k.shape[1]
-    splits = num_splits or _choose_num_splits(B, Hkv, (Hq // Hkv) * Lq, capacity, q.device)
+    splits = num_splits or _choose_num_splits(B, Hkv, (Hq // Hkv) * Lq, capacity, q.device, block_table is not None)
     o, lse = _run_decode(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), seqlens, causal,
                          D ** -0.5 if softmax_scale is None else float(softmax_scale), min(splits, 1024), block_table,
                          cache_batch_idx, cache_leftpad)

@@ -205,12 +205,17 @@ def _num_sms(device_index:int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 @functools.lru_cache(maxsize=4096)   # the heuristic's loop costs tens of µs of host time: once per shape, not per call
-def _choose_num_splits(batch:int, heads_kv:int, rows:int, max_seqlen_k:int, device:torch.device) -> int:
-    "num_splits_heuristic on this launch: computed from shapes only, never from the lengths in cache_seqlens."
+def _choose_num_splits(batch:int, heads_kv:int, rows:int, max_seqlen_k:int, device:torch.device, paged:bool=False) -> int:
+    """num_splits_heuristic on this launch: computed from shapes only, never from the lengths in cache_seqlens. With a
+    paged cache, twice the splits where it splits at all: each tile's page lookup puts a round trip before its loads,
+    and twice the programs in flight hide it."""
     programs = batch * heads_kv * triton.cdiv(rows, _decode_block_m(rows))
     if device.type == "cuda": num_sms, key_block = _num_sms(device.index if device.index is not None else torch.cuda.current_device()), 128
     else: num_sms, key_block = _INTERPRETER_SMS, INTERPRETER_DECODE.BLOCK_N
-    return num_splits_heuristic(programs, num_sms, triton.cdiv(max_seqlen_k, key_block))
+    key_blocks = triton.cdiv(max_seqlen_k, key_block)
+    splits = num_splits_heuristic(programs, num_sms, key_blocks)
+    if paged and splits > 1: splits = max(splits, min(2 * splits, 128, key_blocks))
+    return splits
 
 # %% ../nbs/06_split_kv_decode.ipynb #a11746f0
 def _partials(q, num_splits:int, o, lse) -> tuple:
