@@ -216,9 +216,8 @@ def test_flash_attn_func_layout_and_no_copies(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(dropout_p=0.1), "dropout_p must be 0.0"),
-    (dict(window_size=(64, 0)), "sliding windows are not supported"),
-    (dict(softcap=30.0), "softcap must be 0.0"),
-    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes must be None"),
+    (dict(window_size=(64, 0, 1)), "window_size must be"),      # windows themselves are tests/test_score_mods.py's
+    (dict(softcap=-30.0), "softcap must be a finite number"),
 ])
 def test_flash_attn_func_refuses_unsupported_features(kwargs, message):
     q = randn(1, 8, 4, 64)
@@ -599,8 +598,11 @@ def test_saved_launch_passes_triton_3_6s_launcher_arguments(descriptors, monkeyp
     lse = torch.empty(1, 2, 64)
     tiles = [fwd.TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, 64]) for t, r in zip((q, k, v, o), (64, 32, 32, 64))] \
         if descriptors else [q, k, v, o]
+    nowhere = torch.zeros(16)
     scalars = list(range(100, 112)) + [2, 1, 64, 64, 0.5]                    # 12 strides, Hq, g, Lq, Lk, qk_scale
-    constants = [64, 64, True, False, False, 64, 64, descriptors, True, True]   # HEAD_DIM … FIXED_MAX, in signature order
+    scalars += [160, 0, 0.0, 0.0, nowhere, 0, nowhere]                        # the score modifiers' arguments, all off
+    constants = [64, 64, True, False, False, 64, 64, descriptors, True, True,   # HEAD_DIM … FIXED_MAX, in signature order
+                 False, False, False, False]                                   # WINDOW, SOFTCAP, ALIBI, SINK
     args = tiles + [lse] + scalars + constants
     assert len(args) == len(fwd._ATTN_FWD_ARGS)
     plan = fast._Launch(kernel, 10, args, "candidate", fwd._ATTN_FWD_ARGS)

@@ -69,9 +69,9 @@ def test_attention_packs_small_lq_and_never_copies_kv(monkeypatch):
     "attention() chooses the packed layout for decode-like shapes, and K/V reach the kernel as the caller's tensors."
     seen = {}
     real = ops._attention_forward
-    def spy(q_, k_, v_, o_, lse_, causal, scale, config=None, pack_gqa=None):
+    def spy(q_, k_, v_, o_, lse_, causal, scale, config=None, pack_gqa=None, **kwargs):
         seen.update(k=k_.data_ptr(), v=v_.data_ptr(), pack=fwd._should_pack_gqa(q_.shape[2], q_.shape[1] // k_.shape[1]))
-        return real(q_, k_, v_, o_, lse_, causal, scale, config, pack_gqa)
+        return real(q_, k_, v_, o_, lse_, causal, scale, config, pack_gqa, **kwargs)
     monkeypatch.setattr(ops, "_attention_forward", spy)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda *a, **kw: pytest.fail("K/V were repeated"))
     q, k, v = randn(2, 8, 1, 64), randn(2, 2, 45, 64), randn(2, 2, 45, 64)

@@ -90,7 +90,9 @@ def test_padding_and_refusals():
     q, k = randn(1, 4, 5, 32), randn(1, 2, 5, 32)
     with pytest.raises(ValueError, match="arbitrary masks are not supported"): hf.attention_forward(attn, q, k, k, torch.zeros(1, 1, 5, 5))
     with pytest.raises(ValueError, match="does not implement attention dropout"): hf.attention_forward(attn, q, k, k, None, dropout=0.1)
-    with pytest.raises(ValueError, match="softcap"): hf.attention_forward(attn, q, k, k, None, softcap=30.0)
+    with pytest.raises(ValueError, match="without padding so far"):       # score modifiers: batches without padding only
+        hf.attention_forward(attn, q, k, k, torch.tensor([[1, 1, 0, 1, 1]], device=DEVICE), softcap=30.0)
+    with pytest.raises(ValueError, match="softcap must be a finite number"): hf.attention_forward(attn, q, k, k, None, softcap=-1.0)
     # one new token against a cache with padding inside (right-padded prompt, then generated tokens): only real keys are read
     out, _ = hf.attention_forward(attn, q[:, :, :1], k, k, torch.tensor([[1, 1, 0, 0, 1]], device=DEVICE))
     real = k[:, :, [0, 1, 4]]
@@ -274,3 +276,40 @@ def test_gpu_llama3_8b_shaped_padded_batch_matches_sdpa():
     real = mask.bool()
     assert (ours[real] - ref[real]).abs().max() < 5e-2 * ref[real].abs().max()
     assert (gen == gen_ref).float().mean() > 0.95, (gen, gen_ref)   # bf16: a near-tie may flip a token, rarely
+
+
+def _tiny(name, **extra):
+    "A 2-layer model of one family from a config, fp16, eval mode; sliding windows shorter than the prompts."
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+    config = getattr(transformers, name + "Config")(**common, **extra)
+    torch.manual_seed(0)
+    return getattr(transformers, name + "ForCausalLM")(config).to(device=DEVICE, dtype=torch.float16).eval()
+
+
+@pytest.mark.parametrize("name, extra, passed", [
+    ("Mistral", dict(sliding_window=7), {"sliding_window"}),                              # every layer windowed
+    ("Gemma2", dict(sliding_window=6, attn_logit_softcapping=20.0, final_logit_softcapping=None,
+                    query_pre_attn_scalar=16), {"sliding_window", "softcap"}),           # softcap; windowed and full layers
+    ("GptOss", dict(sliding_window=5, num_local_experts=2, num_experts_per_tok=1,
+                    layer_types=["sliding_attention", "full_attention"]), {"sliding_window", "s_aux"}),   # sinks and windows
+])
+def test_windowed_softcapped_and_sink_models_match_eager(name, extra, passed, monkeypatch):
+    "Mistral-, Gemma-2- and gpt-oss-shaped models: logits as eager attention's, and greedy generation the same tokens."
+    hf.register()
+    seen = []
+    real = hf.attention_forward
+    monkeypatch.setitem(transformers.AttentionInterface._global_mapping, "triton_fa2",
+                        lambda *a, **kw: seen.append({n for n in ("sliding_window", "softcap", "s_aux") if kw.get(n) is not None}) or real(*a, **kw))
+    model = _tiny(name, **extra)
+    ids = torch.randint(0, 256, (2, 20), device=DEVICE)
+    with torch.no_grad():
+        model.set_attn_implementation("eager"); ref = model(ids).logits.float()
+        gen_ref = model.generate(ids[:1, :6], max_new_tokens=10, do_sample=False)
+        model.set_attn_implementation("triton_fa2"); ours = model(ids).logits.float()
+        gen = model.generate(ids[:1, :6], max_new_tokens=10, do_sample=False)
+    assert set().union(*seen) == passed, f"the model passed {set().union(*seen)}, not {passed}"
+    assert (ours - ref).abs().max().item() < 2e-2
+    assert torch.equal(gen, gen_ref)
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        model(ids).logits.sum().backward()

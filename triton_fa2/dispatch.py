@@ -165,35 +165,39 @@ def _gluon_applies(q, head_dim:int, use_tma:bool, pack:bool, fixed_max:bool) -> 
         warnings.warn(f"triton_fa2: {_GLUON_MISSING.pop()}; the `tl` kernel runs instead (correct results, slower on sm_90)", stacklevel=4)
     return False
 
-def _launch_prefill(q, k, v, o, lse, causal:bool, scale:float, candidate:Candidate, pack:bool, use_tma:bool, fixed_max:bool):
+def _launch_prefill(q, k, v, o, lse, causal:bool, scale:float, candidate:Candidate, pack:bool, use_tma:bool, fixed_max:bool,
+                    mods=None):
     "Launch one prefill candidate on the inputs' device; returns what a saved launch needs (`forward.launch`)."
     with torch.cuda.device(lse.device) if lse.is_cuda else contextlib.nullcontext():
         if candidate.kernel == "gluon": return _gluon.launch(q, k, v, o, lse, causal, scale, candidate)
-        return _forward.launch(q, k, v, o, lse, causal, scale, candidate, pack_gqa=pack, use_tma=use_tma, fixed_max=fixed_max)
+        return _forward.launch(q, k, v, o, lse, causal, scale, candidate, pack_gqa=pack, use_tma=use_tma, fixed_max=fixed_max,
+                               mods=mods)
 
 # %% ../nbs/94_dispatch.ipynb #3a03d55f
 def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candidate=None, pack_gqa:bool=None,
-                       use_tma:bool=None, fixed_max:bool=True) -> Candidate:
+                       use_tma:bool=None, fixed_max:bool=True, mods=None) -> Candidate:
     """Attention of (B, H, L, D) views into o (B, Hq, Lq, D) and contiguous lse (B, Hq, Lq); returns the candidate launched.
     `config` bypasses the choice; `pack_gqa`, `use_tma` left at None are decided here; `fixed_max=False` runs the plain
-    online softmax."""
+    online softmax. `mods`: the score modifiers of 14 (`forward.ScoreMods`), which only the `tl` kernel runs, or None."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq * Lq == 0: return config
     plan_key = None
-    if config is None and pack_gqa is None and use_tma is None and fixed_max and fast_launch_possible(q):
+    if config is None and pack_gqa is None and use_tma is None and fixed_max and mods is None and fast_launch_possible(q):
         plan_key = _plan_key(q, k, v, o, lse, causal, scale)
         plan = _PLANS.get(plan_key)
         if plan and (plan.tuned or not tuning_requested()):   # launched before with this signature: straight to Triton's C launcher
             plan(q, k, v, o, lse, scale * _forward.LOG2E)
             return plan.candidate
-    signature = _signature(q, k, v, o, lse, causal, scale > 0, config, pack_gqa, use_tma, fixed_max)
+    flags = None if mods is None else tuple(_forward._mod_flags(mods, causal).values())
+    signature = _signature(q, k, v, o, lse, causal, scale > 0, config, pack_gqa, use_tma, fixed_max, flags)
     with _serialised(signature):
-        pick = _prefill(q, k, v, o, lse, causal, scale, config, pack_gqa, use_tma, fixed_max, plan_key)
+        pick = _prefill(q, k, v, o, lse, causal, scale, config, pack_gqa, use_tma, fixed_max, plan_key, mods)
         _WARM.add(signature)
     return pick
 
-def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_gqa:bool, use_tma:bool, fixed_max:bool, plan_key) -> Candidate:
+def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_gqa:bool, use_tma:bool, fixed_max:bool, plan_key,
+             mods=None) -> Candidate:
     "`_attention_forward` from the choice on, under `_serialised`'s lock where it may compile or choose."
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -202,15 +206,17 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
     fits = not pack and _forward._descriptors_fit(q, k, v, o)
     if use_tma is None: use_tma = fits and _forward._has_tma(q.device)
     elif use_tma and not fits: raise ValueError("use_tma needs unpacked rows and 16-byte aligned (B, H, L, D) views")
-    gluon_ok = _gluon_applies(q, D, use_tma, pack, fixed_max)
-    run = lambda c: _launch_prefill(q, k, v, o, lse, causal, scale, c, pack, use_tma, fixed_max)
+    if mods is not None: fixed_max = False              # the score modifiers run the online softmax, on the `tl` kernel only
+    gluon_ok = mods is None and _gluon_applies(q, D, use_tma, pack, fixed_max)
+    run = lambda c: _launch_prefill(q, k, v, o, lse, causal, scale, c, pack, use_tma, fixed_max, mods)
     if config is not None:                              # a test's candidate: its failure is what the test is for
         if config.kernel == "gluon" and not gluon_ok:
             raise ValueError(f"{config.label} runs only on sm_90 with Gluon, through TMA views of unpacked rows, "
                              "for D 64 or 128 with the fixed maximum")
         run(config)
         return config
-    key = ("prefill", D, causal, pack, *_tune_buckets(B * Hq * Lq, Lk), use_tma, scale > 0, fixed_max, str(q.dtype), str(lse.device))
+    flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())   # the device stays last
+    key = ("prefill", D, causal, pack, *_tune_buckets(B * Hq * Lq, Lk), use_tma, scale > 0, fixed_max, *flags, str(q.dtype), str(lse.device))
     pick = _PICKS.get(key)
     if pick is None or (pick.kernel == "gluon" and not gluon_ok) or (key not in _TUNED and tuning_requested()):
         smem = _max_smem(lse.device.index) if lse.is_cuda else 0
@@ -221,7 +227,7 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
         if pick.kernel != "gluon": raise
         _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
         del _PICKS[key]                                 # the `tl` kernel's own pick serves from now on
-        return _attention_forward(q, k, v, o, lse, causal, scale)
+        return _attention_forward(q, k, v, o, lse, causal, scale, mods=mods)
     if plan_key is not None and plan_key not in _PLANS:
         _keep_plan(_PLANS, plan_key, lambda: _Launch(*launched[:3], pick, launched[3]))
         if _PLANS[plan_key]: _PLANS[plan_key].tuned = key in _TUNED   # a pick by rule is chosen again when tuning is asked for

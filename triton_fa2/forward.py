@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import Candidate
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _score_mod, _window_key_bounds
 try: from triton.tools.tensor_descriptor import TensorDescriptor   # Hopper's TMA, from the host
 except ImportError: TensorDescriptor = None                          # a Triton without it: pointer loads only
 
@@ -53,18 +54,23 @@ def _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N: tl.constexp
 # %% ../nbs/03_triton_forward.ipynb #4eadd4fb
 @triton.jit
 def _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, FOLD_SCALE: tl.constexpr, FIXED_MAX: tl.constexpr = False):
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, FOLD_SCALE: tl.constexpr, FIXED_MAX: tl.constexpr = False,
+                  window_left=0, window_right=0, softcap_scale=0.0, softcap_log2=0.0, slope_log2=0.0,
+                  WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """Steps 2–4 for one tile of raw scores S = QKᵀ: P (float32), α, the new running max and the new running sum.
     With FIXED_MAX (unmasked tiles only), m_i is each row's fixed, finite maximum: P = 2^(S·s − m_i), α = 1."""
     if FIXED_MAX:
         tl.static_assert(not MASKED)                         # the kernel runs its masked tiles online
         p = tl.math.exp2(qk * qk_scale - m_i[:, None])       # one FMA per score, whatever the scale's sign
         return p, tl.full(m_i.shape, 1.0, tl.float32), m_i, l_i + tl.sum(p, 1)
-    if MASKED or not FOLD_SCALE:
-        qk = qk * qk_scale                                   # base-2 logits
+    if MASKED or not FOLD_SCALE or SOFTCAP or ALIBI:
+        qk = _score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, ALIBI)
         if MASKED:
             visible = cols[None, :] < seqlen_k
             if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
+            if WINDOW:
+                distance = offs_m[:, None] + diag_offset - cols[None, :]   # p − j
+                visible = visible & (distance <= window_left) & (distance >= -window_right)
             qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         if MASKED: m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing: 2^(−∞−0) = 0, not NaN
@@ -88,7 +94,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, FIXED_MAX: tl.constexpr = False,
                     block_table=None, stride_kp=0, stride_vp=0,   # with PAGE_SIZE: the sequence's pages and the caches' page strides
                     PAGE_SIZE: tl.constexpr = 0,           # a paged cache (06): k_src, v_src at its KV head, key j in page j // PAGE_SIZE
-                    ROWS_PAST_END: tl.constexpr = False):  # with USE_TMA: rows past seqlen_k are another sequence's (13), not TMA's zeros
+                    ROWS_PAST_END: tl.constexpr = False,   # with USE_TMA: rows past seqlen_k are another sequence's (13), not TMA's zeros
+                    window_left=0, window_right=0, softcap_scale=0.0, softcap_log2=0.0, slope_log2=0.0,   # score modifiers (14)
+                    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                   ):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if PAGE_SIZE > 0:                                    # each key's page from the table: no key outside a named page is read
@@ -106,7 +115,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
         if DOT_FP32: qk = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else: qk = tl.dot(q, tl.trans(k))
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale, MASKED, CAUSAL,
-                                           FOLD_SCALE, FIXED_MAX)
+                                           FOLD_SCALE, FIXED_MAX, window_left, window_right, softcap_scale, softcap_log2,
+                                           slope_log2, WINDOW, SOFTCAP, ALIBI)
         if not FIXED_MAX: acc = acc * alpha[:, None]
         if PAGE_SIZE > 0: v = _load_rows(v_src + v_rows, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         elif USE_TMA:
@@ -127,23 +137,52 @@ def _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,
                    block_table=None, stride_kp=0, stride_vp=0, PAGE_SIZE: tl.constexpr = 0,
-                   kv_row0=0, ROWS_PAST_END: tl.constexpr = False):
-    "Keys [0, end) online, in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) at key 0."
+                   kv_row0=0, ROWS_PAST_END: tl.constexpr = False,
+                   lo=0, full_lo=0,                       # with WINDOW: the masked run [lo, full_lo) first (`_window_key_bounds`)
+                   window_left=0, window_right=0, softcap_scale=0.0, softcap_log2=0.0, slope_log2=0.0,
+                   WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+    """Keys [0, end) online, in the two runs: unmasked up to `full_end`, then masked. Pointers (without USE_TMA) at key 0.
+    With WINDOW, three: masked [lo, full_lo), unmasked [full_lo, full_end), masked [full_end, end)."""
+    unmasked_lo = 0
+    if WINDOW:
+        k_lo, v_lo = k_ptrs, v_ptrs
+        if not USE_TMA and PAGE_SIZE == 0:
+            k_lo += lo.to(tl.int64) * stride_kn
+            v_lo += lo.to(tl.int64) * stride_vn
+            k_ptrs += full_lo.to(tl.int64) * stride_kn
+            v_ptrs += full_lo.to(tl.int64) * stride_vn
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_lo, v_lo, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                        lo, full_lo, seqlen_k, diag_offset, qk_scale,
+                                        MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                        kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
+                                        block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE,
+                                        kv_row0=kv_row0, ROWS_PAST_END=ROWS_PAST_END,
+                                        window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                                        softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+        unmasked_lo = full_lo
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    0, full_end, seqlen_k, diag_offset, qk_scale,
+                                    unmasked_lo, full_end, seqlen_k, diag_offset, qk_scale,
                                     MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
                                     kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
                                     block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE,
-                                    kv_row0=kv_row0, ROWS_PAST_END=ROWS_PAST_END)
+                                    kv_row0=kv_row0, ROWS_PAST_END=ROWS_PAST_END,
+                                    window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                                    softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
     if not USE_TMA and PAGE_SIZE == 0:
-        k_ptrs += full_end.to(tl.int64) * stride_kn
-        v_ptrs += full_end.to(tl.int64) * stride_vn
+        if WINDOW:
+            k_ptrs += (full_end - full_lo).to(tl.int64) * stride_kn
+            v_ptrs += (full_end - full_lo).to(tl.int64) * stride_vn
+        else:
+            k_ptrs += full_end.to(tl.int64) * stride_kn
+            v_ptrs += full_end.to(tl.int64) * stride_vn
     return _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                            full_end, end, seqlen_k, diag_offset, qk_scale,
                            MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
                            kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
                            block_table=block_table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE,
-                           kv_row0=kv_row0, ROWS_PAST_END=ROWS_PAST_END)
+                           kv_row0=kv_row0, ROWS_PAST_END=ROWS_PAST_END,
+                           window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                           softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
 
 # %% ../nbs/03_triton_forward.ipynb #0e72cbd2
 @triton.jit
@@ -192,11 +231,17 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
               stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
               num_heads_q, group_size, seqlen_q, seqlen_k,
               qk_scale,                                 # softmax scale · log2(e)
+              window_left, window_right,                # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
+              softcap_scale, softcap_log2,              # with SOFTCAP: scale / c and c · log2(e)
+              SLOPES, stride_slopes_z, SINKS,           # with ALIBI: float32 slopes (B or 1, Hq); with SINK: float32 sinks (Hq,)
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PACK_GQA: tl.constexpr,
               DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               USE_TMA: tl.constexpr, FOLD_SCALE: tl.constexpr,    # with USE_TMA, Q, K, V, O are tensor descriptors
-              FIXED_MAX: tl.constexpr):                 # each row's maximum fixed by the masked run, run first
+              FIXED_MAX: tl.constexpr,                  # each row's maximum fixed by the masked run, run first
+              WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+              SINK: tl.constexpr = False):              # the score modifiers of 14
     tl.static_assert(BLOCK_D >= HEAD_DIM)
+    tl.static_assert(not (FIXED_MAX and (WINDOW or SOFTCAP or ALIBI or SINK)))   # they run the plain online softmax
     tl.static_assert(not (USE_TMA and PACK_GQA))
     pid = tl.program_id(0)
     if PACK_GQA:                                        # a program per (block of g·Lq rows, batch, KV head)
@@ -233,7 +278,18 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full_end, end, fewest = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+    row_heads = off_hkv * group_size + group_heads       # each row's query head (packed or not)
+    if not PACK_GQA: row_heads = tl.zeros([BLOCK_M], dtype=tl.int64) + off_h
+    slope_log2 = 0.0
+    if ALIBI: slope_log2 = tl.load(SLOPES + off_z * stride_slopes_z + row_heads) * 1.4426950408889634
+    if SINK:                                             # a logit that attends to nothing: the state starts as if seen
+        m_i = tl.load(SINKS + row_heads) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if WINDOW:
+        lo, full_lo, full_end, end = _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
+    else:
+        full_end, end, fewest = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        lo, full_lo = 0, 0
     diag_offset = seqlen_k - seqlen_q
     kv_z, kv_h = off_z.to(tl.int32), off_hkv.to(tl.int32)
     if FIXED_MAX:
@@ -265,7 +321,10 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     else:
         acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                        full_end, end, seqlen_k, diag_offset, qk_scale, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
-                                       kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE)
+                                       kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, FOLD_SCALE=FOLD_SCALE,
+                                       lo=lo, full_lo=full_lo, window_left=window_left, window_right=window_right,
+                                       softcap_scale=softcap_scale, softcap_log2=softcap_log2, slope_log2=slope_log2,
+                                       WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
 
     o, lse = _normalize_rows(acc, l_i, m_i)
     if USE_TMA:                                         # the descriptor clips rows past Lq and columns past D
@@ -313,6 +372,7 @@ def launch(q, k, v, o, lse,                 # (B, H, L, D) views; o (B, Hq, Lq, 
            pack_gqa:bool=False,             # the g query heads of a KV head as the rows of one block (pointers only)
            use_tma:bool=False,              # Q, K, V, O through tensor descriptors (unpacked, 16-byte aligned views)
            fixed_max:bool=True,             # the fixed maximum for the unmasked tiles (False: the plain online softmax)
+           mods:ScoreMods=None,             # sliding window, softcap, ALiBi, sinks (14); None: none of them
           ) -> tuple:                       # (compiled kernel, grid size, every argument in order, the kernel's parameter names)
     "Launch `_attn_fwd` once with one candidate."
     B, Hq, Lq, D = q.shape
@@ -322,8 +382,9 @@ def launch(q, k, v, o, lse,                 # (B, H, L, D) views; o (B, Hq, Lq, 
     if use_tma: q, k, v, o = (_descriptor(t, rows, block_d) for t, rows in zip((q, k, v, o), (block_m, block_n, block_n, block_m)))
     rows, grid_heads = (Lq * (Hq // Hkv), Hkv) if pack_gqa else (Lq, Hq)
     grid = triton.cdiv(rows, block_m) * B * grid_heads
-    args = [q, k, v, o, lse, *strides, Hq, Hq // Hkv, Lq, Lk, scale * LOG2E]
+    args = [q, k, v, o, lse, *strides, Hq, Hq // Hkv, Lq, Lk, scale * LOG2E, *_mod_args(mods, causal, scale, Lq, Lk, lse.device)]
     constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, PACK_GQA=pack_gqa, DOT_FP32=dot_fp32,
-                     BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=use_tma, FOLD_SCALE=scale > 0, FIXED_MAX=fixed_max)
+                     BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=use_tma, FOLD_SCALE=scale > 0,
+                     FIXED_MAX=fixed_max and mods is None, **_mod_flags(mods, causal))
     compiled = _attn_fwd[(grid,)](*args, **constants, **candidate.launch_options)
     return compiled, grid, args + [constants[n] for n in _ATTN_FWD_ARGS[len(args):]], _ATTN_FWD_ARGS

@@ -10,8 +10,8 @@ __all__ = ['padding_mask', 'attention_forward', 'register']
 # %% ../nbs/10_integration.ipynb #5a34494f
 import torch
 from .ops import _attention_op, _define_operator, _run_attention
-from .validation import _check_inputs
-from .interface import decode, flash_attn_varlen_func
+from .validation import _check_inputs, _check_score_mods
+from .interface import _refuse_mods_gradient, decode, flash_attn_varlen_func
 
 # %% ../nbs/10_integration.ipynb #80776a62
 def _padding_lengths_impl(mask:torch.Tensor, padding_allowed:bool) -> torch.Tensor:
@@ -83,12 +83,20 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
     "transformers' attention-function protocol on top of triton_fa2's operators (see the list above for the masks it takes)."
     if dropout: raise ValueError(f"triton_fa2 does not implement attention dropout (got dropout={dropout}): set the model's "
                                  "attention_dropout to 0.0 to train with it, or call model.eval() for inference")
-    for name in ("softcap", "sliding_window", "s_aux"):
-        if kwargs.get(name) is not None: raise ValueError(f"triton_fa2 does not support {name} yet; use attn_implementation='sdpa' for this model")
     _check_model_dtype(module, query)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(query, key, value, causal, scaling, fn=None)   # transformers' layout: no layout hint
     scale = D ** -0.5 if scaling is None else float(scaling)
+    sliding_window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
+    mods = None
+    if sliding_window is not None or softcap is not None or sinks is not None:   # Mistral, Gemma 2, gpt-oss (14)
+        # transformers' sliding window of w keys: query position p sees keys p − w + 1 … p (its masks' `kv_idx > q_idx − w`)
+        window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, -1)
+        mods = _check_score_mods(window, float(softcap or 0.0), None, sinks, B, Hq, query.device)
+        _refuse_mods_gradient(mods, query, key, value, sinks)
+        if mods is not None and attention_mask is not None:
+            raise ValueError("triton_fa2 runs sliding_window, softcap and s_aux (sinks) on batches without padding so far; "
+                             "pad nothing (one prompt, or prompts of one length) or use attn_implementation='sdpa' for padded batches")
     if attention_mask is not None:
         if attention_mask.dim() != 2:
             raise ValueError(f"triton_fa2 takes no mask or a 2-D padding mask, got a {attention_mask.dim()}-D mask: arbitrary masks are "
@@ -99,7 +107,7 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
         if not causal or Lq != Lk:                     # padded keys never read; with a cache, every length is Lk
             out = decode(query, key, value, cache_seqlens=lengths, causal=causal, scale=scale)
             return out.transpose(1, 2).contiguous(), None
-    out, _ = _run_attention(query, key, value, causal, scale, True)    # (B, Lq, Hq, D), contiguous
+    out, _ = _run_attention(query, key, value, causal, scale, True, mods)    # (B, Lq, Hq, D), contiguous
     return out, None
 
 def register(name:str="triton_fa2"): # the name to pass as attn_implementation

@@ -16,7 +16,14 @@ from .dispatch import _attention_backward, _attention_forward
 from .ops import _run_attention, _run_decode, _run_varlen
 from .split_kv import _choose_num_splits
 from .tuning import tuning
-from .validation import _check_causal, _check_inputs, _check_num_splits, _check_kvcache, _check_seqlens, _check_varlen, _refuse_unsupported
+from .validation import (_check_causal, _check_inputs, _check_num_splits, _check_kvcache, _check_score_mods, _check_seqlens,
+                                   _check_varlen, _refuse_unsupported)
+
+def _refuse_mods_gradient(mods, *tensors):
+    "NotImplementedError where autograd would need the backward of a score modifier (14), which is not implemented yet."
+    if mods is not None and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise NotImplementedError("the backward of window_size, softcap, alibi_slopes and learnable_sink is not implemented yet: "
+                                  "call under torch.no_grad() (inference), or leave them at their defaults to train")
 
 # %% ../nbs/97_interface.ipynb #cfa28366
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
@@ -27,12 +34,19 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               scale:float=None,       # softmax scale; None means 1/sqrt(D)
               return_lse:bool=False,  # also return the log-sum-exp of each row
               deterministic:bool=False, # accepted for flash-attn's vocabulary: the backward is always deterministic
+              window_size:tuple=(-1, -1), # (left, right): query at key position p sees keys p − left … p + right; −1 unbounded
+              softcap:float=0.0,      # > 0: scores s become softcap · tanh(s / softcap)
+              alibi_slopes:torch.Tensor=None, # (Hq,) or (B, Hq): bias −slope · |p − j| on each score
+              learnable_sink:torch.Tensor=None, # (Hq,): one more logit per head in each row's softmax, attending to nothing
              ):                       # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32, natural log)
     """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v, with GQA/MQA, for any strides whose last dim is contiguous.
-    Differentiable in q, k and v (and through the LSE), with gradients that are the same bits on every run."""
+    Differentiable in q, k and v (and through the LSE), with gradients that are the same bits on every run. Sliding
+    windows, softcapping, ALiBi and sinks (14) have the forward only, for now."""
     causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
-    o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False)
+    mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, B, Hq, q.device)
+    _refuse_mods_gradient(mods, q, k, v, learnable_sink)
+    o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False, mods)
     return (o, lse) if return_lse else o
 
 # %% ../nbs/97_interface.ipynb #dedff815
@@ -42,11 +56,12 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqle
                     dropout_p:float=0.0,        # must be 0.0: attention dropout is not supported
                     softmax_scale:float=None,   # None means 1/sqrt(D)
                     causal:bool=False,          # bottom-right causal, as flash-attn ≥ 2.1
-                    window_size:tuple=(-1, -1), # must be (-1, -1): no sliding window yet
-                    softcap:float=0.0,          # must be 0.0
-                    alibi_slopes=None,          # must be None
+                    window_size:tuple=(-1, -1), # (left, right): query at key position p sees keys p − left … p + right; −1 unbounded
+                    softcap:float=0.0,          # > 0: scores s become softcap · tanh(s / softcap)
+                    alibi_slopes=None,          # (Hq,) or (B, Hq): bias −slope · |p − j| on each score
                     deterministic:bool=False,   # accepted: forward and backward are always deterministic (no atomics)
                     return_attn_probs:bool=False, # also return (softmax_lse (B, Hq, Lq) float32, None)
+                    learnable_sink=None,        # (Hq,): one more logit per head in each row's softmax (FlashAttention-4's name)
                    ):                           # out (B, Lq, Hq, D) in q's dtype; with return_attn_probs, (out, softmax_lse, None)
     """Drop-in for `flash_attn.flash_attn_func`, forward and backward, on the same Triton kernels as `attention`, without copies.
 
@@ -54,12 +69,14 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqle
     Tensors in SDPA's (B, H, L, D) layout must be transposed first (`q.transpose(1, 2)`, a view), or passed to
     `attention`, which takes them as they are: shapes that fit both layouts cannot be told apart, and give wrong results
     without an error. Shapes that fit only SDPA's layout are refused with this advice."""
-    _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    _refuse_unsupported(dropout_p, (-1, -1), 0.0, None)
     causal = _check_causal(causal)                                  # a NumPy bool becomes a Python bool
-    _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")
+    B, Hq = _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")[:2]
+    mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, B, Hq, q.device)
+    _refuse_mods_gradient(mods, q, k, v, learnable_sink)
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))            # (B, H, L, D) views of the same memory
     D = q.shape[-1]
-    out, lse = _run_attention(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True)
+    out, lse = _run_attention(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True, mods)
     return (out, lse, None) if return_attn_probs else out
 
 # %% ../nbs/97_interface.ipynb #239950c1

@@ -55,8 +55,13 @@ def attention_ref(q:torch.Tensor,             # (B, Hq, Lq, D) queries
                   scale:float=None,           # softmax scale; None means 1/sqrt(D)
                   kv_lens:torch.Tensor=None,  # (B,) int: keys of sequence b are 0..kv_lens[b]-1; None means all Lk
                   upcast:torch.dtype=torch.float32, # dtype of the computation: float32, or float64 for a stricter reference
+                  window_size:tuple=(-1, -1), # (left, right): query at key position p sees keys p − left … p + right; −1 unbounded
+                  softcap:float=0.0,          # > 0: scores s become softcap · tanh(s / softcap) before the bias and the mask
+                  alibi_slopes:torch.Tensor=None, # (Hq,) or (B, Hq): bias −slope · |p − j| added to the (softcapped) score
+                  learnable_sink:torch.Tensor=None, # (Hq,): one more logit per head in every row's softmax denominator
                  ) -> tuple:                  # o (B, Hq, Lq, Dv) and lse (B, Hq, Lq), both in `upcast`
-    "Reference attention in float32 (or float64): GQA, bottom-right causal, per-sequence lengths; returns (o, natural-log lse)."
+    """Reference attention in float32 (or float64): GQA, bottom-right causal, per-sequence lengths, sliding windows,
+    softcapping, ALiBi and attention sinks (chapter 14); returns (o, natural-log lse)."""
     _check_ref_inputs(q, k, v, kv_lens)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -73,7 +78,17 @@ def attention_ref(q:torch.Tensor,             # (B, Hq, Lq, D) queries
         visible = visible & key_exists
         v = v.masked_fill(~key_exists.transpose(-1, -2), 0.0)                # 0·NaN = NaN: drop garbage rows of V
     if causal: visible = visible & causal_mask(q_idx, k_idx, Lq, seqlen_k)
-    s = (q @ k.transpose(-2, -1) * scale).masked_fill(~visible, float("-inf"))  # (B, Hq, Lq, Lk)
-    lse = torch.logsumexp(s, dim=-1)                                          # −inf where a row sees nothing
+    distance = q_idx.view(1, 1, Lq, 1) + (seqlen_k - Lq) - k_idx.view(1, 1, 1, Lk)   # p − j: the query's key position p
+    left, right = window_size
+    if left >= 0: visible = visible & (distance <= left)
+    if right >= 0: visible = visible & (distance >= -right)
+    s = q @ k.transpose(-2, -1) * scale                                       # (B, Hq, Lq, Lk)
+    if softcap > 0: s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None: s = s - alibi_slopes.to(upcast).view(-1, Hq, 1, 1) * distance.abs()
+    s = s.masked_fill(~visible, float("-inf"))
+    if learnable_sink is not None:                                            # a logit attending to nothing: in the LSE only
+        sink = learnable_sink.to(upcast).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
+        lse = torch.logsumexp(torch.cat([s, sink], dim=-1), dim=-1)
+    else: lse = torch.logsumexp(s, dim=-1)                                    # −inf where a row sees nothing
     p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])  # such rows: exp(−inf) = 0, not NaN
     return p @ v, lse

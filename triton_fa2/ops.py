@@ -11,6 +11,7 @@ __all__ = []
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import torch
 from .dispatch import _attention_backward, _attention_forward, _decode_forward, _varlen_backward, _varlen_forward
+from .forward import ScoreMods
 
 # %% ../nbs/96_ops.ipynb #3fc5ef30
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
@@ -26,18 +27,29 @@ def _define_operator(namespace:str, schema:str, impl, fake):
     return getattr(getattr(torch.ops, namespace), name).default
 
 # %% ../nbs/96_ops.ipynb #c41ac2e2
-def _attention_impl(q, k, v, causal, scale, flash_layout):
-    "(B, H, L, D) views in; o ((B, Hq, Lq, D), or (B, Lq, Hq, D) with flash_layout) and lse (B, Hq, Lq) float32 out."
+def _score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink):
+    "The operators' flat score-modifier arguments as the kernels' `ScoreMods`, or None at their defaults."
+    if (window_left, window_right, softcap, alibi_slopes, learnable_sink) == (-1, -1, 0.0, None, None): return None
+    return ScoreMods((window_left, window_right), softcap, alibi_slopes, learnable_sink)
+
+def _attention_impl(q, k, v, causal, scale, flash_layout, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                    learnable_sink=None):
+    """(B, H, L, D) views in; o ((B, Hq, Lq, D), or (B, Lq, Hq, D) with flash_layout) and lse (B, Hq, Lq) float32 out.
+    The score modifiers of 14 as flat arguments (checked by the public functions)."""
     o, lse = _attention_fake(q, k, v, causal, scale, flash_layout)
-    _attention_forward(q, k, v, o.transpose(1, 2) if flash_layout else o, lse, causal, scale)
+    _attention_forward(q, k, v, o.transpose(1, 2) if flash_layout else o, lse, causal, scale,
+                       mods=_score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink))
     return o, lse
 
-def _attention_fake(q, k, v, causal, scale, flash_layout):
+def _attention_fake(q, k, v, causal, scale, flash_layout, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                    learnable_sink=None):
     B, Hq, Lq, D = q.shape
     o = q.new_empty(B, Lq, Hq, D) if flash_layout else q.new_empty(B, Hq, Lq, D)
     return o, q.new_empty(B, Hq, Lq, dtype=torch.float32)
 
-_attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool flash_layout) -> (Tensor, Tensor)",
+_attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool flash_layout, "
+                                       "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+                                       "Tensor? learnable_sink=None) -> (Tensor, Tensor)",
                                  _attention_impl, _attention_fake)
 
 # %% ../nbs/96_ops.ipynb #17a95305
@@ -57,7 +69,9 @@ _attention_backward_op = _define_operator(_OPS, "attention_backward(Tensor do, T
                                           _attention_backward_impl, _attention_backward_fake)
 
 def _attention_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, flash_layout = inputs
+    q, k, v, causal, scale, flash_layout, *mods = inputs
+    if _score_mods(*mods) is not None:   # the public functions refuse gradients with score modifiers before this
+        raise NotImplementedError("the backward of sliding windows, softcapping, ALiBi and sinks is not implemented yet")
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale, ctx.flash_layout = causal, scale, flash_layout
@@ -66,7 +80,7 @@ def _attention_grad(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     if ctx.flash_layout: o, do = o.transpose(1, 2), do.transpose(1, 2)   # (B, Lq, Hq, D) outputs, as (B, Hq, Lq, D) views
     dq, dk, dv = _attention_backward_op(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 torch.library.register_autograd(f"{_OPS}::attention", _attention_grad, setup_context=_attention_setup_context, lib=_LIBRARIES[_OPS])
 
@@ -148,10 +162,13 @@ def _needs_grad(*tensors) -> bool:
     "Whether autograd records this call: then the operator runs, whose backward is registered."
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
-def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool):
-    "`triton_fa2::attention`; in plain eager calls without gradients, its implementation directly (the dispatcher's round trip saved)."
-    if _plain_eager(q, k, v) and not _needs_grad(q, k, v): return _attention_impl(q, k, v, causal, scale, flash_layout)
-    return _attention_op(q, k, v, causal, scale, flash_layout)
+def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool, mods:tuple=None):
+    """`triton_fa2::attention`; in plain eager calls without gradients, its implementation directly (the dispatcher's round
+    trip saved). `mods`: the checked score modifiers (`validation._check_score_mods`), or None."""
+    flat = () if mods is None else (*mods[0], *mods[1:])
+    if _plain_eager(q, k, v, *(t for t in flat if isinstance(t, torch.Tensor))) and not _needs_grad(q, k, v):
+        return _attention_impl(q, k, v, causal, scale, flash_layout, *flat)
+    return _attention_op(q, k, v, causal, scale, flash_layout, *flat)
 
 def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, num_splits:int, block_table=None,
                 cache_batch_idx=None, cache_leftpad=None):

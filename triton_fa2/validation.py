@@ -139,6 +139,29 @@ def _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes):
     if softcap != 0.0: raise ValueError(f"softcap must be 0.0: softcapping is not supported yet, got {softcap}")
     if alibi_slopes is not None: raise ValueError("alibi_slopes must be None: ALiBi is not supported yet")
 
+# %% ../nbs/92_validation.ipynb #635386a4
+def _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, batch:int, heads_q:int, device:torch.device):
+    """The score modifiers of chapter 14 checked: None when all are at their defaults, else (window_size as two ints,
+    softcap as a float, alibi_slopes and learnable_sink as contiguous float32 tensors or None)."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < -1 for w in window_size)):
+        raise ValueError(f"window_size must be (left, right), each an int ≥ 0 or −1 for unbounded (flash-attn's convention), got {window_size!r}")
+    window_size = tuple(int(w) for w in window_size)
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be a finite number ≥ 0 (0 turns it off; Gemma 2 uses 50), got {softcap!r}")
+    checked = []
+    for name, t, shapes in (("alibi_slopes", alibi_slopes, [(heads_q,), (batch, heads_q)]), ("learnable_sink", learnable_sink, [(heads_q,)])):
+        if t is not None:
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point torch.Tensor of shape {' or '.join(map(str, shapes))}, got {_type_name(t) if not isinstance(t, torch.Tensor) else t.dtype}")
+            if tuple(t.shape) not in shapes:
+                raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} (one per query head), got {tuple(t.shape)}")
+            if t.device != device: raise ValueError(f"{name} is on {t.device}, q on {device}: move it with {name}.to(q.device)")
+            t = t.to(torch.float32).contiguous()
+        checked.append(t)
+    if window_size == (-1, -1) and softcap == 0 and checked == [None, None]: return None
+    return (window_size, float(softcap), *checked)
+
 # %% ../nbs/92_validation.ipynb #37a7dae4
 def _check_cu_seqlens(cu, name:str, total:int, max_seqlen, device:torch.device) -> int:
     "The batch size of `cu`, an int32 (batch + 1,) tensor on `device`; its values checked where they are on the CPU."
