@@ -90,8 +90,6 @@ def test_padding_and_refusals():
     q, k = randn(1, 4, 5, 32), randn(1, 2, 5, 32)
     with pytest.raises(ValueError, match="arbitrary masks are not supported"): hf.attention_forward(attn, q, k, k, torch.zeros(1, 1, 5, 5))
     with pytest.raises(ValueError, match="does not implement attention dropout"): hf.attention_forward(attn, q, k, k, None, dropout=0.1)
-    with pytest.raises(ValueError, match="without padding so far"):       # score modifiers: batches without padding only
-        hf.attention_forward(attn, q, k, k, torch.tensor([[1, 1, 0, 1, 1]], device=DEVICE), softcap=30.0)
     with pytest.raises(ValueError, match="softcap must be a finite number"): hf.attention_forward(attn, q, k, k, None, softcap=-1.0)
     # one new token against a cache with padding inside (right-padded prompt, then generated tokens): only real keys are read
     out, _ = hf.attention_forward(attn, q[:, :, :1], k, k, torch.tensor([[1, 1, 0, 0, 1]], device=DEVICE))
@@ -311,5 +309,9 @@ def test_windowed_softcapped_and_sink_models_match_eager(name, extra, passed, mo
     assert set().union(*seen) == passed, f"the model passed {set().union(*seen)}, not {passed}"
     assert (ours - ref).abs().max().item() < 2e-2
     assert torch.equal(gen, gen_ref)
+    with torch.no_grad():                      # a left-padded batch (as generate pads): the real tokens as the prompt alone
+        left = torch.ones(2, 20, dtype=torch.long, device=DEVICE); left[1, :7] = 0
+        padded = model(ids, attention_mask=left).logits[1, 7:].float()
+        assert (padded - model(ids[1:, 7:]).logits[0].float()).abs().max().item() < 2e-2
     with pytest.raises(NotImplementedError, match="not implemented yet"):
         model(ids).logits.sum().backward()

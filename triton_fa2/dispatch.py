@@ -306,19 +306,21 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
 
 # %% ../nbs/94_dispatch.ipynb #7baaa96a
 def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool,
-                    scale:float, config:Candidate=None, block_table=None) -> Candidate:
+                    scale:float, config:Candidate=None, block_table=None, mods=None) -> Candidate:
     """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
     (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
     the candidate launched. `config` bypasses the choice."""
     total_q, Hq, D = q.shape
-    signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config)
+    signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config,
+                           None if mods is None else tuple(_forward._mod_flags(mods, causal).values()))
     use_tma = (block_table is None and _forward._has_tma(q.device)      # packed K/V as (1, Hkv, total_k, D) views, as the dense path
                and _forward._descriptors_fit(*(t.unsqueeze(0).transpose(1, 2) for t in (k, v))))
-    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table, use_tma)
+    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table, use_tma, mods)
+    flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if config is None:
             key = ("varlen", D, causal, *_tune_buckets(total_q * Hq, max_seqlen_k), 0 if block_table is None else k.shape[1],
-                   use_tma, str(q.dtype), str(q.device))
+                   use_tma, *flags, str(q.dtype), str(q.device))
             config = _PICKS.get(key)
             if config is None or (key not in _TUNED and tuning_requested()):
                 config = _choose(key, prefill_candidates(D, not use_tma, _max_smem(q.device.index) if q.is_cuda else 0, varlen=True), run)

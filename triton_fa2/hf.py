@@ -56,7 +56,7 @@ def _check_model_dtype(module, query):
         raise TypeError(f"triton_fa2 runs fp16 and bf16 attention, got a {query.dtype} model; load it with dtype=torch.bfloat16 "
                         "(or torch.float16), or convert it with model.to(torch.bfloat16)")
 
-def _unpadded_attention(query, key, value, mask, causal:bool, scale:float) -> torch.Tensor:
+def _unpadded_attention(query, key, value, mask, causal:bool, scale:float, mods:tuple=None) -> torch.Tensor:
     """A padded batch as packed sequences: each row's real keys (the mask's ones, in order) and real queries (its last Lq
     columns) gathered end to end, `flash_attn_varlen_func`, and the rows scattered back, zeros at padded queries.
     (B, Hq, Lq, D) and (B, Hkv, Lk, D) in, (B, Lq, Hq, D) out; differentiable."""
@@ -66,8 +66,10 @@ def _unpadded_attention(query, key, value, mask, causal:bool, scale:float) -> to
     q_rows, k_rows = (m.flatten().nonzero().squeeze(1) for m in (q_mask, mask))
     pack = lambda t, rows: t.transpose(1, 2).reshape(-1, t.shape[1], D).index_select(0, rows)   # (real rows, H, D)
     offsets = lambda m: torch.nn.functional.pad(m.sum(1).cumsum(0, dtype=torch.int32), (1, 0))
+    window, softcap, _, sinks = mods or ((-1, -1), 0.0, None, None)   # the model's score modifiers (14), per sequence
     out = flash_attn_varlen_func(pack(query, q_rows), pack(key, k_rows), pack(value, k_rows), offsets(q_mask), offsets(mask),
-                                 int(q_mask.sum(1).max()), int(mask.sum(1).max()), softmax_scale=scale, causal=causal)
+                                 int(q_mask.sum(1).max()), int(mask.sum(1).max()), softmax_scale=scale, causal=causal,
+                                 window_size=window, softcap=softcap, learnable_sink=sinks)
     return out.new_zeros(B * Lq, Hq, D).index_copy(0, q_rows, out).view(B, Lq, Hq, D)
 
 def attention_forward(module:torch.nn.Module,  # the model's attention layer (read: is_causal)
@@ -94,15 +96,15 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
         window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, -1)
         mods = _check_score_mods(window, float(softcap or 0.0), None, sinks, B, Hq, query.device)
         _refuse_mods_gradient(mods, query, key, value, sinks)
-        if mods is not None and attention_mask is not None:
-            raise ValueError("triton_fa2 runs sliding_window, softcap and s_aux (sinks) on batches without padding so far; "
-                             "pad nothing (one prompt, or prompts of one length) or use attn_implementation='sdpa' for padded batches")
+        if mods is not None and attention_mask is not None and torch.compiler.is_compiling():
+            raise ValueError("under torch.compile, triton_fa2 runs sliding_window, softcap and s_aux (sinks) on batches without "
+                             "padding only; run the model eagerly for padded batches")
     if attention_mask is not None:
         if attention_mask.dim() != 2:
             raise ValueError(f"triton_fa2 takes no mask or a 2-D padding mask, got a {attention_mask.dim()}-D mask: arbitrary masks are "
                              "not supported yet. Register it with triton_fa2.hf.register(), which also registers the matching mask function")
         if not torch.compiler.is_compiling() and B:      # eagerly, any padding: packed sequences
-            return _unpadded_attention(query, key, value, attention_mask[:, -Lk:], causal, scale), None
+            return _unpadded_attention(query, key, value, attention_mask[:, -Lk:], causal, scale, mods), None
         lengths = _padding_lengths(attention_mask[:, -Lk:], not causal or Lq == Lk)
         if not causal or Lq != Lk:                     # padded keys never read; with a cache, every length is Lk
             out = decode(query, key, value, cache_seqlens=lengths, causal=causal, scale=scale)

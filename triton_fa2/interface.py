@@ -90,22 +90,25 @@ def flash_attn_varlen_func(q:torch.Tensor,             # (total_q, Hq, D) querie
                            dropout_p:float=0.0,        # must be 0.0: attention dropout is not supported
                            softmax_scale:float=None,   # None means 1/sqrt(D)
                            causal:bool=False,          # bottom-right within each sequence (chunked prefill: queries are the last tokens)
-                           window_size:tuple=(-1, -1), # must be (-1, -1): no sliding window yet
-                           softcap:float=0.0,          # must be 0.0
-                           alibi_slopes=None,          # must be None
+                           window_size:tuple=(-1, -1), # (left, right) within each sequence; −1 unbounded (14)
+                           softcap:float=0.0,          # > 0: scores s become softcap · tanh(s / softcap)
+                           alibi_slopes=None,          # (Hq,) or (batch, Hq): bias −slope · |p − j| on each score
                            deterministic:bool=False,   # accepted: forward and backward are always deterministic (no atomics)
                            return_attn_probs:bool=False, # also return (softmax_lse (Hq, total_q) float32, None)
                            block_table=None,           # int32 (batch, pages): k, v are a paged pool (num_pages, page_size, Hkv, D); forward only
+                           learnable_sink=None,        # (Hq,): one more logit per head in each row's softmax (FlashAttention-4's name)
                           ):                           # out (total_q, Hq, D) in q's dtype, 0 in rows of no sequence; with return_attn_probs, (out, softmax_lse, None)
     "Drop-in for `flash_attn.flash_attn_varlen_func`: attention of sequences of different lengths packed end to end, forward and backward."
-    _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    _refuse_unsupported(dropout_p, (-1, -1), 0.0, None)
     causal = _check_causal(causal)
     batch, Hq, Hkv, D = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, block_table)
+    mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, batch, Hq, q.device)
+    _refuse_mods_gradient(mods, q, k, v, learnable_sink)
     if block_table is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("flash_attn_varlen_func with a paged K/V (block_table) has no backward, as in flash-attn: "
                                   "call it under torch.no_grad(), or pass packed k, v (total_k, Hkv, D) without block_table to train")
     out, lse = _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                           D ** -0.5 if softmax_scale is None else float(softmax_scale), block_table)
+                           D ** -0.5 if softmax_scale is None else float(softmax_scale), block_table, mods)
     return (out, lse, None) if return_attn_probs else out
 
 # %% ../nbs/97_interface.ipynb #1ce2194f

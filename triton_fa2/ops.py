@@ -106,19 +106,24 @@ _decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_c
                                     "-> (Tensor, Tensor)", _decode_impl, _decode_fake)
 
 # %% ../nbs/96_ops.ipynb #bcfcdaf6
-def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table=None):
+def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table=None,
+                 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
     """Packed q (total_q, Hq, D), k, v (total_k, Hkv, D), or a paged pool with `block_table`, in; out (total_q, Hq, D)
-    and lse (Hq, total_q) float32 out."""
+    and lse (Hq, total_q) float32 out. The score modifiers of 14 as flat arguments."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
-    _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, None, block_table)
+    _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, None, block_table,
+                    _score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink))
     return out, lse
 
-def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table=None):
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table=None,
+                 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
     return q.new_empty(q.shape), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 _varlen_op = _define_operator(_OPS, "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-                                    "int max_seqlen_q, int max_seqlen_k, bool causal, float scale, Tensor? block_table=None) "
+                                    "int max_seqlen_q, int max_seqlen_k, bool causal, float scale, Tensor? block_table=None, "
+                                    "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+                                    "Tensor? learnable_sink=None) "
                                     "-> (Tensor, Tensor)", _varlen_impl, _varlen_fake)
 
 def _varlen_backward_impl(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
@@ -140,13 +145,15 @@ def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.causal, ctx.scale, *paged = inputs
     if paged and paged[0] is not None:   # the public function refuses gradients of a paged K/V before this
         raise NotImplementedError("the backward of packed sequences over a paged K/V (block_table) is not implemented")
+    if paged and _score_mods(*paged[1:]) is not None:   # and of the score modifiers
+        raise NotImplementedError("the backward of sliding windows, softcapping, ALiBi and sinks is not implemented yet")
     ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k)
 
 def _varlen_grad(ctx, do, dlse):
     q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = _varlen_backward_op(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
                                      ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
 
 torch.library.register_autograd(f"{_OPS}::varlen_attention", _varlen_grad, setup_context=_varlen_setup_context, lib=_LIBRARIES[_OPS])
 torch.library.register_autograd(f"{_OPS}::varlen_attention_backward", _no_double_backward, lib=_LIBRARIES[_OPS])
@@ -177,8 +184,10 @@ def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, nu
     if _plain_eager(*(t for t in args if isinstance(t, torch.Tensor))): return _decode_impl(*args)
     return _decode_op(*args)
 
-def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool, scale:float, block_table=None):
-    "`triton_fa2::varlen_attention`; in plain eager calls without gradients, its implementation directly."
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table)
+def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool, scale:float, block_table=None,
+                mods:tuple=None):
+    "`triton_fa2::varlen_attention`; in plain eager calls without gradients, its implementation directly. `mods` as `_run_attention`'s."
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table,
+            *(() if mods is None else (*mods[0], *mods[1:])))
     if _plain_eager(*(t for t in args if isinstance(t, torch.Tensor))) and not _needs_grad(q, k, v): return _varlen_impl(*args)
     return _varlen_op(*args)

@@ -139,7 +139,7 @@ def _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes):
     if softcap != 0.0: raise ValueError(f"softcap must be 0.0: softcapping is not supported yet, got {softcap}")
     if alibi_slopes is not None: raise ValueError("alibi_slopes must be None: ALiBi is not supported yet")
 
-# %% ../nbs/92_validation.ipynb #635386a4
+# %% ../nbs/92_validation.ipynb #030f2cfd
 def _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, batch:int, heads_q:int, device:torch.device):
     """The score modifiers of chapter 14 checked: None when all are at their defaults, else (window_size as two ints,
     softcap as a float, alibi_slopes and learnable_sink as contiguous float32 tensors or None)."""

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import Candidate
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _window_key_bounds
 from .forward import LOG2E, _attn_fwd_runs, _descriptor, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows, _program_block, _q_block_rows
 from .backward import _attn_bwd_dkdv_inner, _attn_bwd_dq_inner, _q_row_bounds, launch_preprocess
 
@@ -30,9 +31,12 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
                      num_heads_q, group_size, num_m_blocks,   # Hq, Hq / Hkv, ⌈max_seqlen_q / BLOCK_M⌉
                      qk_scale,                          # softmax scale · log2(e)
                      BLOCK_TABLE, stride_bt, stride_kp, stride_vp,  # paged K/V (num_pages, PAGE_SIZE, Hkv, D): pages per sequence
+                     window_left, window_right, softcap_scale, softcap_log2, SLOPES, stride_slopes_z, SINKS,   # score modifiers (14)
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FOLD_SCALE: tl.constexpr, PAGE_SIZE: tl.constexpr = 0,
-                     USE_TMA: tl.constexpr = False):     # K and V are descriptors of (1, Hkv, total_k, D) views
+                     USE_TMA: tl.constexpr = False,      # K and V are descriptors of (1, Hkv, total_k, D) views
+                     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                     SINK: tl.constexpr = False):
     start_m, off_zh = _program_block(tl.program_id(0), num_m_blocks, CAUSAL)
     off_z, off_h = off_zh // num_heads_q, off_zh % num_heads_q
     q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
@@ -58,12 +62,23 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full_end, end, _ = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+    slope_log2 = 0.0                                   # the score modifiers, as the dense kernel's (14)
+    if ALIBI: slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SLOPES + off_z * stride_slopes_z + off_h) * 1.4426950408889634
+    if SINK:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + off_h) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if WINDOW:
+        lo, full_lo, full_end, end = _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
+    else:
+        full_end, end, _ = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        lo, full_lo = 0, 0
     acc, l_i, m_i = _attn_fwd_runs(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_km, stride_vm, offs_m, offs_n, offs_d,
                                    full_end, end, seqlen_k, seqlen_k - seqlen_q, qk_scale, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
                                    BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32, kv_z=0, kv_h=off_hkv.to(tl.int32), USE_TMA=USE_TMA,
                                    FOLD_SCALE=FOLD_SCALE, block_table=table, stride_kp=stride_kp, stride_vp=stride_vp, PAGE_SIZE=PAGE_SIZE,
-                                   kv_row0=k_start, ROWS_PAST_END=True)
+                                   kv_row0=k_start, ROWS_PAST_END=True, lo=lo, full_lo=full_lo, window_left=window_left, window_right=window_right,
+                                   softcap_scale=softcap_scale, softcap_log2=softcap_log2, slope_log2=slope_log2,
+                                   WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
     o, lse = _normalize_rows(acc, l_i, m_i)
     row_ok = rows[:, None] < seqlen_q
     if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
@@ -78,6 +93,7 @@ def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (to
            candidate:Candidate,                # a "tl" candidate: BLOCK_M, BLOCK_N, warps, stages
            block_table=None,                   # int32 (batch, pages): k, v are a paged pool (num_pages, page_size, Hkv, D)
            use_tma:bool=False,                 # packed K/V through tensor descriptors (16-byte aligned rows; not with block_table)
+           mods:ScoreMods=None,                # sliding window, softcap, ALiBi, sinks (14); None: none of them
           ):
     "Launch `_attn_fwd_varlen` once with one candidate."
     total_q, Hq, D = q.shape
@@ -92,7 +108,9 @@ def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (to
     _attn_fwd_varlen[(grid,)](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), *kv_strides,
                               o.stride(0), o.stride(1), lse.stride(0), Hq, group_size, num_m_blocks, scale * LOG2E,
                               block_table, block_table.stride(0) if paged else 0, k.stride(0) if paged else 0,
-                              v.stride(0) if paged else 0, HEAD_DIM=D, BLOCK_D=block_d,
+                              v.stride(0) if paged else 0,
+                              *_mod_args(mods, causal, scale, q.shape[0], k.shape[0] * (k.shape[1] if paged else 1), q.device),
+                              **_mod_flags(mods, causal), HEAD_DIM=D, BLOCK_D=block_d,
                               CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=candidate.BLOCK_M,
                               BLOCK_N=candidate.BLOCK_N, FOLD_SCALE=scale > 0, PAGE_SIZE=k.shape[1] if paged else 0,
                               USE_TMA=use_tma, **candidate.launch_options)
