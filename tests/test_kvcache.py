@@ -101,7 +101,7 @@ def test_exported_and_signature_is_flash_attns():
     assert list(inspect.signature(flash_attn_with_kvcache).parameters) == [
         "q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
         "block_table", "softmax_scale", "causal", "window_size", "softcap", "rotary_interleaved", "alibi_slopes", "num_splits",
-        "return_softmax_lse"]
+        "return_softmax_lse", "learnable_sink"]                     # flash-attn 2's arguments in order, then FlashAttention-4's
 
 
 @pytest.mark.parametrize("change,error,message", [
@@ -109,7 +109,7 @@ def test_exported_and_signature_is_flash_attns():
     (dict(block_table="int64"), TypeError, "block_table must be an int32"),
     (dict(cache_batch_idx="with pages"), ValueError, "apply to contiguous caches"),
     (dict(rotary_cos="some"), NotImplementedError, "rotate q and k before the call"),
-    (dict(window_size=(4, 0)), ValueError, "sliding windows are not supported yet"),
+    (dict(window_size=(4, -3)), ValueError, "each an int ≥ 0 or −1"),
     (dict(k="alone"), ValueError, "k and v must be given together"),
     (dict(num_splits=-1), TypeError, "num_splits must be an int"),
     (dict(cache_seqlens="too long"), ValueError, "cache_seqlens must lie in"),

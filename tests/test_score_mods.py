@@ -144,10 +144,35 @@ def test_gradient_refused_clearly():
     with torch.no_grad(): triton_fa2.flash_attn_func(q, k, v, softcap=30.0)   # inference is fine
 
 
-def test_other_entry_points_refuse_them_until_they_have_them():
-    q, k, v = randn(2, 1, 4, 16), randn(2, 8, 2, 16), randn(2, 8, 2, 16)
-    with pytest.raises(ValueError, match="sliding windows are not supported yet"):
-        triton_fa2.flash_attn_with_kvcache(q, k, v, window_size=(4, 0))
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kvcache_and_decode(paged, num_splits):
+    """flash_attn_with_kvcache and decode with every modifier, split or not, contiguous or paged (spare pages of NaN): each
+    row as attention_ref on its own keys; the sink counted once however the keys are split."""
+    B, Hq, Hkv, Lq, Lmax, D, page = 3, 4, 2, 2, 70, 32, 16
+    q, k_cache, v_cache = randn(B, Lq, Hq, D), randn(B, Lmax, Hkv, D), randn(B, Lmax, Hkv, D)
+    lengths = torch.tensor([70, 9, 41], dtype=torch.int32, device=DEVICE)
+    mods = fwd.ScoreMods((12, 0), 4.0, torch.rand(B, Hq, device=DEVICE), torch.randn(Hq, device=DEVICE))
+    kwargs = dict(cache_seqlens=lengths, causal=True, window_size=mods.window_size, softcap=mods.softcap,
+                  alibi_slopes=mods.alibi_slopes, learnable_sink=mods.learnable_sink, num_splits=num_splits)
+    if paged:
+        pages = -(-Lmax // page)
+        table = torch.randperm(B * pages + 2, device=DEVICE)[:B * pages].view(B, pages).to(torch.int32)
+        pools = []
+        for cache in (k_cache, v_cache):
+            pool = torch.full((B * pages + 2, page, Hkv, D), float("nan"), device=DEVICE, dtype=cache.dtype)
+            padded = torch.cat([cache, cache.new_zeros(B, pages * page - Lmax, Hkv, D)], 1)
+            pool[table.long()] = padded.view(B, pages, page, Hkv, D)
+            pools.append(pool)
+        out = triton_fa2.flash_attn_with_kvcache(q, *pools, block_table=table, **kwargs)
+    else:
+        out = triton_fa2.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+        o2 = triton_fa2.decode(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), **kwargs)
+        assert torch.equal(o2, out.transpose(1, 2))
+    for b, n in enumerate(lengths.tolist()):
+        o_ref, _ = reference(q[b:b + 1].transpose(1, 2), k_cache[b:b + 1, :n].transpose(1, 2), v_cache[b:b + 1, :n].transpose(1, 2),
+                             True, mods._replace(alibi_slopes=mods.alibi_slopes[b]))
+        assert (out[b:b + 1].transpose(1, 2).double() - o_ref).abs().max() <= TOL[q.dtype]
 
 
 @pytest.mark.gpu

@@ -110,7 +110,7 @@ def test_exported_and_signature_is_flash_attns():
     assert triton_fa2.flash_attn_varlen_func is flash_attn_varlen_func
     assert list(inspect.signature(flash_attn_varlen_func).parameters) == [
         "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "dropout_p", "softmax_scale", "causal",
-        "window_size", "softcap", "alibi_slopes", "deterministic", "return_attn_probs", "block_table"]
+        "window_size", "softcap", "alibi_slopes", "deterministic", "return_attn_probs", "block_table", "learnable_sink"]
 
 
 @pytest.mark.parametrize("change,error,message", [
@@ -121,7 +121,7 @@ def test_exported_and_signature_is_flash_attns():
     (dict(max_seqlen_k=None), TypeError, "max_seqlen_k must be an int"),
     (dict(q="4d"), ValueError, "q must be 3-D (total_q, heads, head_dim)"),
     (dict(dropout_p=0.1), ValueError, "does not implement attention dropout"),
-    (dict(window_size=(8, 0)), ValueError, "sliding windows are not supported yet"),
+    (dict(window_size=(8, 0, 0)), ValueError, "window_size must be (left, right)"),
     (dict(block_table="some"), ValueError, "k must be 4-D (num_pages, page_size, heads, head_dim) with block_table"),
     (dict(causal=1), TypeError, "causal must be a bool"),
 ])

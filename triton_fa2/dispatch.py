@@ -235,16 +235,17 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
 
 # %% ../nbs/94_dispatch.ipynb #54ae88bd
 def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, scale:float, num_splits:int, config:Candidate=None,
-                    block_table=None, cache_batch_idx=None, cache_leftpad=None):
+                    block_table=None, cache_batch_idx=None, cache_leftpad=None, mods=None):
     """Decode attention of (B, H, L, D) views into o (B, Hq, Lq, D) and contiguous lse (B, Hq, Lq); `cache_seqlens`: None
     or int32 (B,) on q's device. With `block_table` (int32 (B, pages)) the caches are (pages, Hkv, page_size, D) views of a
-    paged cache; `cache_batch_idx`, `cache_leftpad`: int32 (B,) or None (contiguous caches). `config` bypasses the choice."""
+    paged cache; `cache_batch_idx`, `cache_leftpad`: int32 (B,) or None (contiguous caches). `config` bypasses the choice.
+    `mods`: the score modifiers of 14 (`forward.ScoreMods`), or None."""
     B, Hq, Lq, D = q.shape
     Hkv, Lmax = k_cache.shape[1], k_cache.shape[2] * (1 if block_table is None else block_table.shape[1])
     if B * Hq * Lq == 0: return
     extras = (block_table, cache_batch_idx, cache_leftpad)
     plan_key = plan = None
-    if config is None and fast_launch_possible(q) and all(t is None for t in extras):   # saved launches: contiguous caches
+    if config is None and fast_launch_possible(q) and all(t is None for t in extras) and mods is None:   # saved launches: contiguous caches
         plan_key = _decode_plan_key(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits)
         plan = _DECODE_PLANS.get(plan_key)
     o_part, lse_part = _split_kv._partials(q, num_splits, o, lse)
@@ -252,15 +253,16 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
         return plan(q, k_cache, v_cache, k_cache if cache_seqlens is None else cache_seqlens, o_part, lse_part, o, lse)
     def run(c):   # on the inputs' device, whichever is current: the timing's launches as much as the call's
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-            return _split_kv.launch(q, k_cache, v_cache, cache_seqlens, o, lse, o_part, lse_part, causal, scale, num_splits, c, *extras)
-    signature = _signature(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale > 0, num_splits, config, *extras)
+            return _split_kv.launch(q, k_cache, v_cache, cache_seqlens, o, lse, o_part, lse_part, causal, scale, num_splits, c, *extras, mods)
+    flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())
+    signature = _signature(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale > 0, num_splits, config, *extras, flags)
     with _serialised(signature):
         config_key_tuned = True                           # a config given, or (below) the key's pick timed or saved
         if config is None:
             block_m = _split_kv._decode_block_m((Hq // Hkv) * Lq)
             programs = triton.cdiv((Hq // Hkv) * Lq, block_m) * num_splits * B * Hkv
             key = ("decode", D, causal, block_m, _bucket(programs, 1, 1024), _bucket(triton.cdiv(Lmax, num_splits), 16, 65536),
-                   0 if block_table is None else k_cache.shape[2], str(q.dtype), str(q.device))
+                   0 if block_table is None else k_cache.shape[2], *flags, str(q.dtype), str(q.device))
             config = _PICKS.get(key)
             if config is None or (key not in _TUNED and tuning_requested()):
                 smem = _max_smem(q.device.index) if q.is_cuda else 0

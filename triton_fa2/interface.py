@@ -121,13 +121,19 @@ def decode(q:torch.Tensor,                   # (B, Hq, Lq, D) queries of the new
            scale:float=None,                 # softmax scale; None means 1/sqrt(D)
            num_splits:int=None,              # key splits per sequence; None: num_splits_heuristic; 1: no split
            return_lse:bool=False,            # also return the log-sum-exp of each row
+           window_size:tuple=(-1, -1),       # (left, right): query at key position p sees keys p − left … p + right (14)
+           softcap:float=0.0,                # > 0: scores s become softcap · tanh(s / softcap)
+           alibi_slopes:torch.Tensor=None,   # (Hq,) or (B, Hq): bias −slope · |p − j| on each score
+           learnable_sink:torch.Tensor=None, # (Hq,): one more logit per head in each row's softmax
           ):                                 # o (B, Hq, Lq, D) in q's dtype; with return_lse, (o, lse (B, Hq, Lq) float32)
     "Split-KV attention of a few new tokens against a KV cache (Flash-Decoding), GQA-packed, ragged-length safe, CUDA-graph friendly."
     causal = _check_causal(causal)                                   # a NumPy bool becomes a Python bool
     B, Hq, Hkv, Lq, Lmax, D = _check_inputs(q, k_cache, v_cache, causal, scale, fn="decode")
     seqlens = _check_seqlens(cache_seqlens, B, Lmax, q.device)
+    mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, B, Hq, q.device)
     num_splits = _check_num_splits(num_splits) or _choose_num_splits(B, Hkv, (Hq // Hkv) * Lq, Lmax, q.device)
-    o, lse = _run_decode(q, k_cache, v_cache, seqlens, causal, D ** -0.5 if scale is None else float(scale), num_splits)
+    o, lse = _run_decode(q, k_cache, v_cache, seqlens, causal, D ** -0.5 if scale is None else float(scale), num_splits,
+                         mods=mods)
     return (o, lse) if return_lse else o
 
 # %% ../nbs/97_interface.ipynb #4a062385
@@ -144,15 +150,15 @@ def flash_attn_with_kvcache(q:torch.Tensor,                # (B, Lq, Hq, D) the 
                             block_table=None,              # int32 (B, pages per row): a paged cache's pages, in order
                             softmax_scale:float=None,      # None means 1/sqrt(D)
                             causal:bool=False,             # bottom-right: the queries are each sequence's last Lq tokens
-                            window_size:tuple=(-1, -1),    # must be (-1, -1)
-                            softcap:float=0.0,             # must be 0.0
+                            window_size:tuple=(-1, -1),    # (left, right): query at key position p sees keys p − left … p + right
+                            softcap:float=0.0,             # > 0: scores s become softcap · tanh(s / softcap)
                             rotary_interleaved:bool=True,  # unused without rotary_cos
-                            alibi_slopes=None,             # must be None
+                            alibi_slopes=None,             # (Hq,) or (B, Hq): bias −slope · |p − j| on each score
                             num_splits:int=0,              # key splits per sequence: 0 chooses, 1 does not split
                             return_softmax_lse:bool=False, # also return softmax_lse (B, Hq, Lq) float32
+                            learnable_sink=None,           # (Hq,): one more logit per head in each row's softmax (14)
                            ):                              # out (B, Lq, Hq, D); with return_softmax_lse, (out, softmax_lse)
     "Drop-in for `flash_attn.flash_attn_with_kvcache`: append the new tokens' keys and values to a contiguous or paged cache, then attend."
-    _refuse_unsupported(0.0, window_size, softcap, alibi_slopes)
     if rotary_cos is not None or rotary_sin is not None:
         raise NotImplementedError("rotary embedding inside flash_attn_with_kvcache is not implemented: rotate q and k before the "
                                   "call (as transformers' apply_rotary_pos_emb does) and pass rotary_cos=None, rotary_sin=None")
@@ -161,6 +167,7 @@ def flash_attn_with_kvcache(q:torch.Tensor,                # (B, Lq, Hq, D) the 
         raise TypeError(f"num_splits must be an int ≥ 0 (0 chooses), got {num_splits!r}")
     seqlens, capacity = _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                        causal, softmax_scale)
+    mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, q.shape[0], q.shape[2], q.device)
     B, Lq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     if k is not None:                                            # in place, at each row's end, before attending
@@ -176,7 +183,7 @@ def flash_attn_with_kvcache(q:torch.Tensor,                # (B, Lq, Hq, D) the 
     splits = num_splits or _choose_num_splits(B, Hkv, (Hq // Hkv) * Lq, capacity, q.device, block_table is not None)
     o, lse = _run_decode(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), seqlens, causal,
                          D ** -0.5 if softmax_scale is None else float(softmax_scale), min(splits, 1024), block_table,
-                         cache_batch_idx, cache_leftpad)
+                         cache_batch_idx, cache_leftpad, mods)
     out = o.transpose(1, 2).contiguous()
     return (out, lse) if return_softmax_lse else out
 

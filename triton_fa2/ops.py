@@ -91,18 +91,23 @@ def _no_double_backward(ctx, *grads):
 torch.library.register_autograd(f"{_OPS}::attention_backward", _no_double_backward, lib=_LIBRARIES[_OPS])
 
 # %% ../nbs/96_ops.ipynb #8be3c105
-def _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table=None, cache_batch_idx=None, cache_leftpad=None):
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table=None, cache_batch_idx=None, cache_leftpad=None,
+                 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
     """(B, H, L, D) views and int32 lengths (or None) in; o (B, Hq, Lq, D) and lse (B, Hq, Lq) float32 out. With a
     `block_table`, the caches are (pages, Hkv, page_size, D) views of a paged cache."""
     o, lse = _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits)
-    _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits, None, block_table, cache_batch_idx, cache_leftpad)
+    _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal, scale, num_splits, None, block_table, cache_batch_idx, cache_leftpad,
+                    _score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink))
     return o, lse
 
-def _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table=None, cache_batch_idx=None, cache_leftpad=None):
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table=None, cache_batch_idx=None, cache_leftpad=None,
+                 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 _decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, bool causal, float scale, "
-                                    "int num_splits, Tensor? block_table=None, Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None) "
+                                    "int num_splits, Tensor? block_table=None, Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, "
+                                    "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+                                    "Tensor? learnable_sink=None) "
                                     "-> (Tensor, Tensor)", _decode_impl, _decode_fake)
 
 # %% ../nbs/96_ops.ipynb #bcfcdaf6
@@ -178,9 +183,10 @@ def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool, mods:tu
     return _attention_op(q, k, v, causal, scale, flash_layout, *flat)
 
 def _run_decode(q, k_cache, v_cache, cache_seqlens, causal:bool, scale:float, num_splits:int, block_table=None,
-                cache_batch_idx=None, cache_leftpad=None):
-    "`triton_fa2::decode`; in plain eager calls, its implementation directly."
-    args = (q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table, cache_batch_idx, cache_leftpad)
+                cache_batch_idx=None, cache_leftpad=None, mods:tuple=None):
+    "`triton_fa2::decode`; in plain eager calls, its implementation directly. `mods` as `_run_attention`'s."
+    args = (q, k_cache, v_cache, cache_seqlens, causal, scale, num_splits, block_table, cache_batch_idx, cache_leftpad,
+            *(() if mods is None else (*mods[0], *mods[1:])))
     if _plain_eager(*(t for t in args if isinstance(t, torch.Tensor))): return _decode_impl(*args)
     return _decode_op(*args)
 

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import INTERPRETER_DECODE, Candidate
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _window_key_bounds
 from .forward import (LOG2E, _attn_fwd_inner, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows,
                                 _program_block, _q_block_rows)
 
@@ -90,8 +91,11 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
                 qk_scale,                                 # softmax scale · log2(e)
                 BLOCK_TABLE, stride_bt,                   # paged: int32 (B, pages) page numbers; K, V (pages, Hkv, PAGE_SIZE, D)
                 BATCH_IDX, LEFTPAD,                       # int32 (B,) or None: each row's cache row, and where its keys start
+                window_left, window_right, softcap_scale, softcap_log2, SLOPES, stride_slopes_z, SINKS,   # score modifiers (14)
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQLENS: tl.constexpr,
-                DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr = 0):
+                DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr = 0,
+                WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                SINK: tl.constexpr = False):
     pid = tl.program_id(0)
     num_rows = seqlen_q * group_size                      # packed: the g query heads of one KV head
     start_m, rest = _program_block(pid, tl.cdiv(num_rows, BLOCK_M), False)
@@ -114,8 +118,14 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     split_hi = tl.minimum(split_lo + tiles_per_split * BLOCK_N, seqlen_k)
 
     rows, group_heads, offs_m, first_pos, last_pos = _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M, True)
-    full_end, end, _ = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
-    mid = tl.maximum(tl.minimum(full_end, split_hi), split_lo)   # [split_lo, mid): no mask; [mid, hi): masked
+    if WINDOW:   # the window's three runs cut to this split: masked [split_lo, win_lo), unmasked [win_lo, mid), masked [mid, hi)
+        lo, full_lo, full_end, end = _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
+        split_lo_run = tl.maximum(tl.minimum(lo, split_hi), split_lo)
+        win_lo = tl.maximum(tl.minimum(full_lo, split_hi), split_lo_run)
+        mid = tl.maximum(tl.minimum(full_end, split_hi), win_lo)
+    else:
+        full_end, end, _ = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        mid = tl.maximum(tl.minimum(full_end, split_hi), split_lo)   # [split_lo, mid): no mask; [mid, hi): masked
     hi = tl.maximum(tl.minimum(end, split_hi), mid)
 
     heads = (off_hkv * group_size + group_heads)[:, None].to(tl.int64)
@@ -136,18 +146,47 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    slope_log2 = 0.0                                      # the score modifiers, as the prefill kernel's (14)
+    if ALIBI: slope_log2 = tl.load(SLOPES + off_z * stride_slopes_z + off_hkv * group_size + group_heads) * 1.4426950408889634
+    if SINK:
+        if split == 0:                                    # the sink is counted once: in the first split's state
+            m_i = tl.load(SINKS + off_hkv * group_size + group_heads) * 1.4426950408889634
+            l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     diag_offset = seqlen_k - seqlen_q
+    unmasked_lo = split_lo
+    if WINDOW:
+        k_run, v_run = k_ptrs, v_ptrs
+        if PAGE_SIZE == 0:
+            k_run += (split_lo_run - split_lo).to(tl.int64) * stride_kn
+            v_run += (split_lo_run - split_lo).to(tl.int64) * stride_vn
+            k_ptrs += (win_lo - split_lo).to(tl.int64) * stride_kn
+            v_ptrs += (win_lo - split_lo).to(tl.int64) * stride_vn
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_run, v_run, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                        split_lo_run, win_lo, seqlen_k, diag_offset, qk_scale,
+                                        MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                        block_table=table, stride_kp=stride_kz, stride_vp=stride_vz, PAGE_SIZE=PAGE_SIZE,
+                                        window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                                    softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+        unmasked_lo = win_lo
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    split_lo, mid, seqlen_k, diag_offset, qk_scale,
+                                    unmasked_lo, mid, seqlen_k, diag_offset, qk_scale,
                                     MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
-                                    block_table=table, stride_kp=stride_kz, stride_vp=stride_vz, PAGE_SIZE=PAGE_SIZE)
+                                    block_table=table, stride_kp=stride_kz, stride_vp=stride_vz, PAGE_SIZE=PAGE_SIZE,
+                                    window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                                    softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
     if PAGE_SIZE == 0:
-        k_ptrs += (mid - split_lo).to(tl.int64) * stride_kn
-        v_ptrs += (mid - split_lo).to(tl.int64) * stride_vn
+        if WINDOW:
+            k_ptrs += (mid - win_lo).to(tl.int64) * stride_kn
+            v_ptrs += (mid - win_lo).to(tl.int64) * stride_vn
+        else:
+            k_ptrs += (mid - split_lo).to(tl.int64) * stride_kn
+            v_ptrs += (mid - split_lo).to(tl.int64) * stride_vn
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     mid, hi, seqlen_k, diag_offset, qk_scale,    # masks scores *and* K/V rows ≥ seqlen_k
                                     MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
-                                    block_table=table, stride_kp=stride_kz, stride_vp=stride_vz, PAGE_SIZE=PAGE_SIZE)
+                                    block_table=table, stride_kp=stride_kz, stride_vp=stride_vz, PAGE_SIZE=PAGE_SIZE,
+                                    window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                                    softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
 
     o, lse = _normalize_rows(acc, l_i, m_i)               # an empty split: O = 0, lse = −∞
     split = split.to(tl.int64)
@@ -236,6 +275,7 @@ def launch(q, k_cache, v_cache,             # (B, H, L, D) views
            block_table=None,                # int32 (B, pages): the caches are paged, (pages, Hkv, page_size, D) views
            cache_batch_idx=None,            # int32 (B,): the cache row of each batch row (contiguous caches)
            cache_leftpad=None,              # int32 (B,): where each row's keys start (contiguous caches)
+           mods:ScoreMods=None,             # sliding window, softcap, ALiBi, sinks (14); None: none of them
           ) -> tuple:                       # what `launch._DecodeLaunch` takes: each kernel, its grid and all its arguments
     "Launch the split kernel, and the combine when keys are split, with one candidate."
     B, Hq, Lq, D = q.shape
@@ -247,12 +287,13 @@ def launch(q, k_cache, v_cache,             # (B, H, L, D) views
     programs = triton.cdiv(rows, block_m) * num_splits * B * Hkv
     split_args = [q, k_cache, v_cache, o_part, lse_part, seqlens, *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
                   split_strides[0], *o_part.stride()[-4:-1], split_strides[1], Hkv, Hq // Hkv, Lq, Lmax, num_splits, scale * LOG2E,
-                  block_table, 0 if block_table is None else block_table.stride(0), cache_batch_idx, cache_leftpad]
+                  block_table, 0 if block_table is None else block_table.stride(0), cache_batch_idx, cache_leftpad,
+                  *_mod_args(mods, causal, scale, Lq, Lmax * (1 if block_table is None else block_table.shape[1]), q.device)]
     if block_table is not None:                     # a row's keys: as many as its pages hold
         split_args[_DECODE_FWD_ARGS.index("max_seqlen_k")] = block_table.shape[1] * k_cache.shape[2]
     split_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None,
                            DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=block_m, BLOCK_N=candidate.BLOCK_N,
-                           PAGE_SIZE=0 if block_table is None else k_cache.shape[2])
+                           PAGE_SIZE=0 if block_table is None else k_cache.shape[2], **_mod_flags(mods, causal))
     split = _decode_fwd[(programs,)](*split_args, **split_constants, **candidate.launch_options)
     combine, combine_args = None, [o_part, lse_part, o, lse, *o.stride()[:3], Hq, Lq, num_splits, B * Hq * Lq]
     combine_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
