@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import Candidate
-from .score_mods import ScoreMods, _mod_args, _mod_flags, _score_mod, _window_key_bounds
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _window_key_bounds
 try: from triton.tools.tensor_descriptor import TensorDescriptor   # Hopper's TMA, from the host
 except ImportError: TensorDescriptor = None                          # a Triton without it: pointer loads only
 
@@ -280,11 +280,7 @@ def _attn_fwd(Q, K, V, O, LSE,                          # pointers: q, k, v, o (
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_heads = off_hkv * group_size + group_heads       # each row's query head (packed or not)
     if not PACK_GQA: row_heads = tl.zeros([BLOCK_M], dtype=tl.int64) + off_h
-    slope_log2 = 0.0
-    if ALIBI: slope_log2 = tl.load(SLOPES + off_z * stride_slopes_z + row_heads) * 1.4426950408889634
-    if SINK:                                             # a logit that attends to nothing: the state starts as if seen
-        m_i = tl.load(SINKS + row_heads) * 1.4426950408889634
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    slope_log2, m_i, l_i = _rows_start(m_i, l_i, SLOPES, stride_slopes_z, SINKS, off_z, row_heads, ALIBI, SINK)
     if WINDOW:
         lo, full_lo, full_end, end = _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
     else:

@@ -87,3 +87,16 @@ def _score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_l
     else: qk = qk * qk_scale
     if ALIBI: qk = qk - slope_log2[:, None] * tl.abs(offs_m[:, None] + diag_offset - cols[None, :]).to(tl.float32)
     return qk
+
+@triton.jit
+def _rows_start(m_i, l_i, SLOPES, stride_slopes_z, SINKS, off_z, row_heads, ALIBI: tl.constexpr, SINK: tl.constexpr,
+                with_sink=True):
+    """Each row's ALiBi slope · log2 e (0.0 without ALiBi), and the online softmax's starting state: (m_i, l_i) as given,
+    or where `with_sink`, the sink's logit · log2 e and 1, as if it were a key already seen. `row_heads`: each row's
+    query head; `off_z`: its batch row (slopes may be per batch row)."""
+    slope_log2 = 0.0
+    if ALIBI: slope_log2 = tl.load(SLOPES + off_z * stride_slopes_z + row_heads) * 1.4426950408889634
+    if SINK:
+        m_i = tl.where(with_sink, tl.load(SINKS + row_heads) * 1.4426950408889634, m_i)
+        l_i = tl.where(with_sink, 1.0, l_i)
+    return slope_log2, m_i, l_i

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import INTERPRETER_DECODE, Candidate
-from .score_mods import ScoreMods, _mod_args, _mod_flags, _window_key_bounds
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _window_key_bounds
 from .forward import (LOG2E, _attn_fwd_inner, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows,
                                 _program_block, _q_block_rows)
 
@@ -146,12 +146,8 @@ def _decode_fwd(Q, K, V, O, LSE, SEQLENS,               # q (B, Hq, Lq, D); cach
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    slope_log2 = 0.0                                      # the score modifiers, as the prefill kernel's (14)
-    if ALIBI: slope_log2 = tl.load(SLOPES + off_z * stride_slopes_z + off_hkv * group_size + group_heads) * 1.4426950408889634
-    if SINK:
-        if split == 0:                                    # the sink is counted once: in the first split's state
-            m_i = tl.load(SINKS + off_hkv * group_size + group_heads) * 1.4426950408889634
-            l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    slope_log2, m_i, l_i = _rows_start(m_i, l_i, SLOPES, stride_slopes_z, SINKS, off_z, off_hkv * group_size + group_heads,
+                                       ALIBI, SINK, split == 0)   # the sink counted once: in the first split's state (14)
     diag_offset = seqlen_k - seqlen_q
     unmasked_lo = split_lo
     if WINDOW:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import Candidate
-from .score_mods import ScoreMods, _mod_args, _mod_flags, _window_key_bounds
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _window_key_bounds
 from .forward import LOG2E, _attn_fwd_runs, _descriptor, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows, _program_block, _q_block_rows
 from .backward import _attn_bwd_dkdv_inner, _attn_bwd_dq_inner, _q_row_bounds, launch_preprocess
 
@@ -62,11 +62,8 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    slope_log2 = 0.0                                   # the score modifiers, as the dense kernel's (14)
-    if ALIBI: slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SLOPES + off_z * stride_slopes_z + off_h) * 1.4426950408889634
-    if SINK:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + off_h) * 1.4426950408889634
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    slope_log2, m_i, l_i = _rows_start(m_i, l_i, SLOPES, stride_slopes_z, SINKS, off_z, tl.zeros([BLOCK_M], dtype=tl.int32) + off_h,
+                                       ALIBI, SINK)           # the score modifiers, as the dense kernel's (14)
     if WINDOW:
         lo, full_lo, full_end, end = _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
     else:
