@@ -137,11 +137,110 @@ def test_bad_arguments(kwargs, error, text):
         triton_fa2.flash_attn_func(q, k, v, **kwargs)
 
 
-def test_gradient_refused_clearly():
-    q, k, v = (randn(1, 8, 2, 16).requires_grad_() for _ in range(3))
-    with pytest.raises(NotImplementedError, match="backward of window_size, softcap"):
-        triton_fa2.flash_attn_func(q, k, v, softcap=30.0)
-    with torch.no_grad(): triton_fa2.flash_attn_func(q, k, v, softcap=30.0)   # inference is fine
+def grads_ref(q, k, v, do, causal, mods, dlse=None):
+    "dq, dk, dv (and dsink) by autograd through `attention_ref` in float64; rows that see no key: 0."
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    sink = None if mods.learnable_sink is None else mods.learnable_sink.detach().double().requires_grad_()
+    o, lse = attention_ref(*leaves, causal=causal, upcast=torch.float64, window_size=mods.window_size, softcap=mods.softcap,
+                           alibi_slopes=mods.alibi_slopes, learnable_sink=sink)
+    loss = (o * do.double()).sum()
+    if dlse is not None: loss = loss + (torch.where(lse == float("-inf"), 0.0, lse) * dlse.double()).sum()
+    grads = torch.autograd.grad(loss, leaves + ([sink] if sink is not None else []))
+    return [torch.nan_to_num(g) for g in grads]
+
+
+def check_grads(q, k, v, causal, mods, dlse=False, tol=None):
+    """The public `attention` with autograd against `grads_ref`: relative error of each gradient (sinks' too) within `tol`,
+    nothing NaN. Returns (o, lse, gradients)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    sink = None if mods.learnable_sink is None else mods.learnable_sink.detach().requires_grad_()
+    o, lse = triton_fa2.attention(q, k, v, causal=causal, window_size=mods.window_size, softcap=mods.softcap,
+                                  alibi_slopes=mods.alibi_slopes, learnable_sink=sink, return_lse=True)
+    do = torch.randn_like(o)
+    dlse_t = torch.randn_like(lse) if dlse else None
+    loss = (o.float() * do.float()).sum() + ((torch.where(lse == float("-inf"), 0.0, lse) * dlse_t).sum() if dlse else 0.0)
+    grads = torch.autograd.grad(loss, [q, k, v] + ([sink] if sink is not None else []))
+    refs = grads_ref(q, k, v, do, causal, mods._replace(learnable_sink=sink), dlse_t)
+    tol = tol or {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[q.dtype]
+    for name, g, ref in zip(("dq", "dk", "dv", "dsink"), grads, refs):
+        assert not g.isnan().any(), f"{name} has NaN"
+        err = ((g.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+        assert err <= tol, f"{name}: relative error {err:.3g} > {tol}"
+    return o, lse, grads
+
+
+GRAD_MODS = [dict(window=(5, 3)), dict(window=(17, -1)), dict(softcap=3.0), dict(alibi="per batch row"), dict(sink=True),
+             dict(window=(9, 4), softcap=4.0, alibi="per head", sink=True)]
+
+
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mods", GRAD_MODS, ids=lambda m: "+".join(m))
+def test_gradients(B, Hq, Hkv, Lq, Lk, D, causal, mods):
+    "dq, dk, dv and the sinks' gradient through autograd, each modifier alone and all four, against float64."
+    q, k, v = randn(B, Hq, Lq, D), randn(B, Hkv, Lk, D), randn(B, Hkv, Lk, D)
+    check_grads(q, k, v, causal, mods_for(Hq, B, **mods))
+
+
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gradient_kernels_every_path(use_tma, dtype):
+    "Both passes launched by hand through pointers and descriptors, all four modifiers, into NaN-poisoned gradients."
+    from triton_fa2 import backward as bwd
+    B, Hq, Hkv, Lq, Lk, D = 2, 6, 2, 45, 70, 40
+    q, k, v, do = (randn(B, h, n, D, dtype=dtype) for h, n in ((Hq, Lq), (Hkv, Lk), (Hkv, Lk), (Hq, Lq)))
+    for causal in (False, True):
+        mods = mods_for(Hq, B, (9, 4), 4.0, "per batch row", True)
+        o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=DEVICE)
+        _attention_forward(q, k, v, o, lse, causal, D ** -0.5, mods=mods)
+        delta, m = bwd.launch_preprocess(o, do, lse)
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        bwd.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, D ** -0.5, Candidate("bwd_dkdv", 16, 32, 4, 1), use_tma, mods)
+        bwd.launch_dq(q, k, v, do, dq, m, delta, causal, D ** -0.5, Candidate("bwd_dq", 32, 16, 4, 1), use_tma, mods)
+        for name, g, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads_ref(q, k, v, do, causal, mods)):
+            assert not g.isnan().any(), name
+            err = ((g.double() - ref).norm() / ref.norm()).item()
+            assert err <= {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype], (name, causal, err)
+
+
+def test_sink_gradient_with_rows_that_see_no_key_and_the_lse_used():
+    """Lq > Lk causal with a window: early rows see only the sink (O = 0, dq = 0 there); the loss uses the LSE too, whose
+    gradient reaches the sinks and the keys."""
+    q, k, v = randn(2, 4, 40, 16), randn(2, 2, 10, 16), randn(2, 2, 10, 16)
+    for mods in (mods_for(4, 2, (3, 0), sink=True), mods_for(4, 2, (3, 0), 2.0, "per head", True)):
+        o, lse, grads = check_grads(q, k, v, True, mods, dlse=True)
+        assert (o[:, :, :30] == 0).all() and (grads[0][:, :, :30] == 0).all()
+
+
+def test_backward_skips_tiles_outside_the_window():
+    """Both passes skip the tiles no row of theirs sees: NaN in far queries and keys never reaches dq of early rows or
+    dk, dv of early keys (a mask alone would let 0 · NaN through the products)."""
+    L, cut, D = 128, 96, 16
+    q, k, v = randn(1, 2, L, D), randn(1, 2, L, D), randn(1, 2, L, D)
+    mods = mods_for(2, 1, (8, 0), sink=True)
+    for t in (q, k, v): t[:, :, cut:] = float("nan")     # positions ≥ 96: outside every window of rows < 64, keys < 56
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = triton_fa2.attention(q, k, v, causal=True, window_size=mods.window_size, learnable_sink=mods.learnable_sink)
+    do = torch.zeros_like(o)
+    do[:, :, :64] = randn(1, 2, 64, D)
+    o.backward(do)
+    clean = [t.detach()[:, :, :64] for t in (q, k, v)]
+    ref = grads_ref(*clean, do[:, :, :64], True, mods)
+    for name, g, r, n in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, (64, 56, 56)):
+        assert not g[:, :, :n].isnan().any(), f"{name} read a tile outside the window"
+        assert ((g[:, :, :n].double() - r[:, :, :n]).norm() / r[:, :, :n].norm()).item() < 2e-3, name
+
+
+def test_opcheck_with_modifiers():
+    "`torch.library.opcheck` of the forward (its autograd included) and of the backward operator with every modifier."
+    from triton_fa2 import ops
+    q, k, v = (randn(1, 2, 20, 32).requires_grad_() for _ in range(3))
+    slopes, sink = torch.rand(2, device=DEVICE), torch.randn(2, device=DEVICE).requires_grad_()
+    args = (q, k, v, True, 0.2, False, 5, 0, 4.0, slopes, sink)
+    torch.library.opcheck(ops._attention_op, args)
+    o, lse = ops._attention_op(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
+    torch.library.opcheck(ops._attention_backward_op, (randn(1, 2, 20, 32), q.detach(), k.detach(), v.detach(), o, lse, None,
+                                                       True, 0.2, 5, 0, 4.0, slopes, sink.detach()))
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -187,6 +286,18 @@ def test_gpu_matrix(dtype, causal):
             check(q, k, v, causal, mods)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gradients(dtype, causal):
+    "The backward on the GPU's own configs: each modifier alone and all four at once, D = 128 with GQA and D = 64, odd N."
+    for B, Hq, Hkv, L, D in [(2, 8, 2, 1000, 128), (1, 4, 4, 1537, 64)]:
+        q, k, v = randn(B, Hq, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype)
+        for mods in [mods_for(Hq, B, (256, 0)), mods_for(Hq, B, (100, 100)), mods_for(Hq, B, softcap=50.0),
+                     mods_for(Hq, B, alibi="per batch row"), mods_for(Hq, B, sink=True), mods_for(Hq, B, (256, 0), 50.0, "per head", True)]:
+            check_grads(q, k, v, causal, mods)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_sequences(causal):
     "flash_attn_varlen_func with every modifier: each sequence as attention_ref alone (lengths 0, 1 and odd; Lq ≠ Lk)."
@@ -206,3 +317,32 @@ def test_packed_sequences(causal):
         o_ref, lse_ref = reference(qb, kb, vb, causal, fwd.ScoreMods((6, 2), 3.0, slopes[b], sink))
         assert (out[cq[b]:cq[b + 1]].transpose(0, 1)[None].double() - o_ref).abs().max() <= TOL[q.dtype]
         torch.testing.assert_close(lse[:, cq[b]:cq[b + 1]][None].double(), lse_ref, atol=2e-5, rtol=2e-5)
+
+
+def test_packed_sequences_gradients():
+    "flash_attn_varlen_func's gradients with every modifier: each sequence as `grads_ref` alone (lengths 0, 1 and odd; Lq ≠ Lk)."
+    lengths_q, lengths_k = [17, 0, 1, 40], [30, 5, 1, 40]
+    Hq, Hkv, D = 4, 2, 32
+    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)), dtype=torch.int32, device=DEVICE)
+    q, k, v = (randn(sum(n), h, D).requires_grad_() for n, h in ((lengths_q, Hq), (lengths_k, Hkv), (lengths_k, Hkv)))
+    slopes, sink = torch.rand(len(lengths_q), Hq, device=DEVICE), torch.randn(Hq, device=DEVICE).requires_grad_()
+    for causal in (False, True):
+        out = triton_fa2.flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k),
+                                                causal=causal, window_size=(6, 2), softcap=3.0, alibi_slopes=slopes,
+                                                learnable_sink=sink)
+        do = torch.randn_like(out)
+        dq, dk, dv, dsink = torch.autograd.grad(out, (q, k, v, sink), do)
+        cq, ck = cu(lengths_q).tolist(), cu(lengths_k).tolist()
+        dsink_ref = torch.zeros(Hq, dtype=torch.float64, device=DEVICE)
+        for b in range(len(lengths_q)):
+            per_seq = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]
+            if lengths_q[b] == 0:
+                assert (dk[ck[b]:ck[b + 1]] == 0).all() and (dv[ck[b]:ck[b + 1]] == 0).all()
+                continue
+            refs = grads_ref(per_seq(q, cq), per_seq(k, ck), per_seq(v, ck), per_seq(do, cq), causal,
+                             fwd.ScoreMods((6, 2), 3.0, slopes[b], sink))
+            for name, g, ref in zip(("dq", "dk", "dv"), (per_seq(dq, cq), per_seq(dk, ck), per_seq(dv, ck)), refs):
+                assert not g.isnan().any(), name
+                assert ((g.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item() <= 2e-3, (name, b, causal)
+            dsink_ref += refs[3]
+        torch.testing.assert_close(dsink.double(), dsink_ref, atol=2e-3, rtol=2e-3)

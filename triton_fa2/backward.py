@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from .candidates import Candidate
 from .forward import LOG2E, TensorDescriptor, _dot_in_fp32, _kv_key_bounds, _load_rows, _program_block
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _softcap_slope, _visible, _window_key_bounds
 
 # %% ../nbs/12_backward.ipynb #7f4e30c2
 def attention_backward_ref(q:torch.Tensor,     # (B, Hq, Lq, D)
@@ -112,27 +113,89 @@ def _mma(a, b, acc, DOT_FP32: tl.constexpr):
     return tl.dot(a, b, acc)
 
 @triton.jit
+def _rows_at(src, start, stride, USE_TMA: tl.constexpr):
+    "Pointers `src` moved `start` rows on; a descriptor as it is (its loads name the row)."
+    if USE_TMA: return src
+    return src + tl.cast(start, tl.int64) * stride   # `start` may be a plain 0
+
+@triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, M_rows, DELTA_rows, stride_qm, stride_dom,
-                         offs_m, offs_n, offs_d, lo, hi, seqlen_q, diag_offset, qk_scale,
-                         MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         DOT_FP32: tl.constexpr, q_z=0, q_h=0, USE_TMA: tl.constexpr = False):
-    "dV += Pᵀ dO and dK += dSᵀ Q over the Q tiles [lo, hi): pointers at row `lo`, or descriptors read at (q_z, q_h)."
+                         offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k, diag_offset, qk_scale,
+                         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_M: tl.constexpr, DOT_FP32: tl.constexpr, q_z=0, q_h=0, USE_TMA: tl.constexpr = False,
+                         window_left=0, window_right=0, softcap_scale=0.0, softcap_log2=0.0, slope_log2=0.0,   # (14)
+                         WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+    """dV += Pᵀ dO and dK += dSᵀ Q over the Q tiles [lo, hi): pointers at row `lo`, or descriptors read at (q_z, q_h).
+    The tiles are transposed, (keys, rows): the forward's score and mask with the two swapped (`slope_log2`: per key row)."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         if USE_TMA: q = q_src.load([q_z, q_h, start_m, 0]).reshape([BLOCK_M, BLOCK_D])
         else: q = _load_rows(q_src, rows, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
         m = tl.load(M_rows + rows, mask=rows < seqlen_q, other=float("inf"))   # rows past Lq: P = 0
-        p_t = tl.math.exp2(_mma(k, tl.trans(q), None, DOT_FP32) * qk_scale - m[None, :])   # Pᵀ, (BLOCK_N, BLOCK_M)
-        if MASKED: p_t = tl.where(offs_n[:, None] <= rows[None, :] + diag_offset, p_t, 0.0)
+        qk_t = _mma(k, tl.trans(q), None, DOT_FP32)                            # Sᵀ, (BLOCK_N, BLOCK_M)
+        if SOFTCAP or ALIBI:                                   # |p − j| is symmetric: keys as rows, rows as keys, −offset
+            p_t = tl.math.exp2(_score_mod(qk_t, rows, offs_n, -diag_offset, qk_scale, softcap_scale, softcap_log2,
+                                          slope_log2, SOFTCAP, ALIBI) - m[None, :])
+        else: p_t = tl.math.exp2(qk_t * qk_scale - m[None, :])                 # Pᵀ
+        if MASKED:
+            p_t = tl.where(_visible(rows[None, :], offs_n[:, None], seqlen_k, diag_offset, window_left, window_right,
+                                    CAUSAL, WINDOW), p_t, 0.0)
         if USE_TMA: do = do_src.load([q_z, q_h, start_m, 0]).reshape([BLOCK_M, BLOCK_D])
         else: do = _load_rows(do_src, rows, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
         dv = _mma(p_t.to(do.dtype), do, dv, DOT_FP32)
         delta = tl.load(DELTA_rows + rows, mask=rows < seqlen_q, other=0.0)
         ds_t = p_t * (_mma(v, tl.trans(do), None, DOT_FP32) - delta[None, :])   # dSᵀ = Pᵀ ∘ (V dOᵀ − Δ), float32
+        if SOFTCAP: ds_t = ds_t * _softcap_slope(qk_t, softcap_scale)          # the chain rule through c·tanh(S·scale / c)
         dk = _mma(ds_t.to(q.dtype), q, dk, DOT_FP32)
         if not USE_TMA:
             q_src += BLOCK_M * stride_qm
             do_src += BLOCK_M * stride_dom
+    return dk, dv
+
+@triton.jit
+def _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """A K/V block's query rows as three runs: masked [lo, full_lo), unmasked [full_lo, full_end), masked [full_end, end).
+    Causal: `_q_row_bounds` (the last run empty); a window: `_window_key_bounds` with rows and keys (and sides) swapped."""
+    first_key = start_n * BLOCK_N
+    last_key = tl.minimum(first_key + BLOCK_N, seqlen_k) - 1
+    if WINDOW:
+        lo, full_lo, full_end, end = _window_key_bounds(first_key, last_key, seqlen_k, seqlen_q, window_right, window_left, BLOCK_M)
+    else:
+        lo, full_lo = _q_row_bounds(first_key, last_key, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+        full_end = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+        end = full_end
+    return lo, full_lo, full_end, end
+
+@triton.jit
+def _attn_bwd_dkdv_head(dk, dv, k, v, q_src, do_src, M_rows, DELTA_rows, stride_qm, stride_dom, offs_m, offs_n, offs_d,
+                        lo, full_lo, full_end, end, seqlen_q, seqlen_k, diag_offset, qk_scale,
+                        CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        DOT_FP32: tl.constexpr, q_z, q_h, USE_TMA: tl.constexpr,
+                        window_left, window_right, softcap_scale, softcap_log2, slope_log2,
+                        WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    "One query head's contribution to a K/V block's dK and dV, over its three runs of rows (`_dkdv_row_runs`); Q, dO at row 0."
+    if CAUSAL or WINDOW:                                       # the masked rows before the unmasked ones
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, _rows_at(q_src, lo, stride_qm, USE_TMA), _rows_at(do_src, lo, stride_dom, USE_TMA),
+                                      M_rows, DELTA_rows, stride_qm, stride_dom, offs_m, offs_n, offs_d, lo, full_lo,
+                                      seqlen_q, seqlen_k, diag_offset, qk_scale, MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
+                                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32, q_z=q_z, q_h=q_h, USE_TMA=USE_TMA,
+                                      window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                                      softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, _rows_at(q_src, full_lo, stride_qm, USE_TMA), _rows_at(do_src, full_lo, stride_dom, USE_TMA),
+                                  M_rows, DELTA_rows, stride_qm, stride_dom, offs_m, offs_n, offs_d, full_lo, full_end,
+                                  seqlen_q, seqlen_k, diag_offset, qk_scale, MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
+                                  BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32, q_z=q_z, q_h=q_h, USE_TMA=USE_TMA,
+                                  softcap_scale=softcap_scale, softcap_log2=softcap_log2, slope_log2=slope_log2,
+                                  SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    if WINDOW:                                                 # and the masked rows after them
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, _rows_at(q_src, full_end, stride_qm, USE_TMA),
+                                      _rows_at(do_src, full_end, stride_dom, USE_TMA),
+                                      M_rows, DELTA_rows, stride_qm, stride_dom, offs_m, offs_n, offs_d, full_end, end,
+                                      seqlen_q, seqlen_k, diag_offset, qk_scale, MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM,
+                                      BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32, q_z=q_z, q_h=q_h, USE_TMA=USE_TMA,
+                                      window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                                      softcap_log2=softcap_log2, slope_log2=slope_log2, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
     return dk, dv
 
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
@@ -140,9 +203,11 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, M, DELTA,     # q, k, v, do, dk, dv (B, 
                    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                    stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                    num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
+                   window_left, window_right, softcap_scale, softcap_log2, SLOPES, stride_slopes_z,   # score modifiers (14)
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   USE_TMA: tl.constexpr):                 # Q and DO are tensor descriptors
+                   USE_TMA: tl.constexpr,                  # Q and DO are tensor descriptors
+                   WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """A program per (K/V block, batch, KV head): dK and dV of its keys, summed over its GQA group's query heads and every
     Q block that sees them. Every element is written by one program: no atomics, the same bits on every run."""
     start_n, off_zh = _program_block(tl.program_id(0), tl.cdiv(seqlen_k, BLOCK_N), False)   # causal: block 0 sees the most rows
@@ -159,34 +224,23 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, M, DELTA,     # q, k, v, do, dk, dv (B, 
                    HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    lo, mid = _q_row_bounds(start_n * BLOCK_N, tl.minimum(start_n * BLOCK_N + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k,
-                            BLOCK_M, CAUSAL)
-    hi = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
-    diag_offset = seqlen_k - seqlen_q
+    lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                                                CAUSAL, WINDOW)
     for g in range(0, group_size):                           # GQA: the group's query heads, one after the other
         off_h = off_hkv * group_size + g
-        q_z, q_h = off_z.to(tl.int32), off_h.to(tl.int32)
         rows_at = (off_z * num_heads_q + off_h) * seqlen_q
         if USE_TMA:
             q_src, do_src = Q, DO
         else:
             q_src = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
             do_src = DO + off_z * stride_doz + off_h * stride_doh + offs_m[:, None].to(tl.int64) * stride_dom + offs_d[None, :]
-        if CAUSAL:                                           # the diagonal's tiles, masked; then every row from `mid` on
-            q_lo, do_lo = q_src, do_src
-            if not USE_TMA:
-                q_lo += lo.to(tl.int64) * stride_qm
-                do_lo += lo.to(tl.int64) * stride_dom
-                q_src += mid.to(tl.int64) * stride_qm
-                do_src += mid.to(tl.int64) * stride_dom
-            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_lo, do_lo, M + rows_at, DELTA + rows_at, stride_qm, stride_dom,
-                                          offs_m, offs_n, offs_d, lo, mid, seqlen_q, diag_offset, qk_scale,
-                                          MASKED=True, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32,
-                                          q_z=q_z, q_h=q_h, USE_TMA=USE_TMA)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, M + rows_at, DELTA + rows_at, stride_qm, stride_dom,
-                                      offs_m, offs_n, offs_d, mid, hi, seqlen_q, diag_offset, qk_scale,
-                                      MASKED=False, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32,
-                                      q_z=q_z, q_h=q_h, USE_TMA=USE_TMA)
+        slope_log2, _, _ = _rows_start(0.0, 0.0, SLOPES, stride_slopes_z, SLOPES, off_z,
+                                       tl.zeros([BLOCK_N], dtype=tl.int64) + off_h, ALIBI, False)   # the head's slope, per key row
+        dk, dv = _attn_bwd_dkdv_head(dk, dv, k, v, q_src, do_src, M + rows_at, DELTA + rows_at, stride_qm, stride_dom,
+                                     offs_m, offs_n, offs_d, lo, full_lo, full_end, end, seqlen_q, seqlen_k,
+                                     seqlen_k - seqlen_q, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_FP32,
+                                     off_z.to(tl.int32), off_h.to(tl.int32), USE_TMA, window_left, window_right,
+                                     softcap_scale, softcap_log2, slope_log2, WINDOW, SOFTCAP, ALIBI)
     dk *= scale                                              # S = scale · QKᵀ: the scale once, here, not in every tile
     key_ok = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM: key_ok = key_ok & (offs_d[None, :] < HEAD_DIM)
@@ -198,7 +252,9 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, M, DELTA,     # q, k, v, do, dk, dv (B, 
 def _attn_bwd_dq_inner(dq, q, do, m, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                        lo, hi, seqlen_k, diag_offset, qk_scale,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, kv_z=0, kv_h=0, USE_TMA: tl.constexpr = False):
+                       BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, kv_z=0, kv_h=0, USE_TMA: tl.constexpr = False,
+                       window_left=0, window_right=0, softcap_scale=0.0, softcap_log2=0.0, slope_log2=0.0,   # (14)
+                       WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     "dQ += dS K over the key tiles [lo, hi): pointers at key `lo`, or descriptors read at (kv_z, kv_h)."
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -208,26 +264,64 @@ def _attn_bwd_dq_inner(dq, q, do, m, delta, k_src, v_src, stride_kn, stride_vn, 
         else:
             k = _load_rows(k_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
             v = _load_rows(v_src, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        p = tl.math.exp2(_mma(q, tl.trans(k), None, DOT_FP32) * qk_scale - m[:, None])
+        qk = _mma(q, tl.trans(k), None, DOT_FP32)
+        if SOFTCAP or ALIBI:
+            p = tl.math.exp2(_score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_log2, slope_log2,
+                                        SOFTCAP, ALIBI) - m[:, None])
+        else: p = tl.math.exp2(qk * qk_scale - m[:, None])
         if MASKED:
-            visible = cols[None, :] < seqlen_k
-            if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
-            p = tl.where(visible, p, 0.0)
+            p = tl.where(_visible(offs_m[:, None], cols[None, :], seqlen_k, diag_offset, window_left, window_right, CAUSAL, WINDOW),
+                         p, 0.0)
         ds = p * (_mma(do, tl.trans(v), None, DOT_FP32) - delta[:, None])
+        if SOFTCAP: ds = ds * _softcap_slope(qk, softcap_scale)                # the chain rule through c·tanh(S·scale / c)
         dq = _mma(ds.to(k.dtype), k, dq, DOT_FP32)
         if not USE_TMA:
             k_src += BLOCK_N * stride_kn
             v_src += BLOCK_N * stride_vn
     return dq
 
+@triton.jit
+def _attn_bwd_dq_runs(dq, q, do, m, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                      first_pos, last_pos, seqlen_q, seqlen_k, qk_scale,
+                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                      DOT_FP32: tl.constexpr, kv_z, kv_h, USE_TMA: tl.constexpr,
+                      window_left, window_right, softcap_scale, softcap_log2, slope_log2,
+                      WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """A Q block's dQ over the keys its rows see, with the forward's bounds: unmasked [0, full_end) then masked
+    [full_end, end) (`_kv_key_bounds`); with WINDOW, masked [lo, full_lo) first (`_window_key_bounds`). K, V at key 0."""
+    if WINDOW:
+        lo, full_lo, full_end, end = _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
+        dq = _attn_bwd_dq_inner(dq, q, do, m, delta, _rows_at(k_src, lo, stride_kn, USE_TMA), _rows_at(v_src, lo, stride_vn, USE_TMA),
+                                stride_kn, stride_vn, offs_m, offs_n, offs_d, lo, full_lo, seqlen_k, seqlen_k - seqlen_q, qk_scale,
+                                MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                                kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, window_left=window_left, window_right=window_right,
+                                softcap_scale=softcap_scale, softcap_log2=softcap_log2, slope_log2=slope_log2,
+                                WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    else:
+        full_end, end, _ = _kv_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        full_lo = 0
+    dq = _attn_bwd_dq_inner(dq, q, do, m, delta, _rows_at(k_src, full_lo, stride_kn, USE_TMA), _rows_at(v_src, full_lo, stride_vn, USE_TMA),
+                            stride_kn, stride_vn, offs_m, offs_n, offs_d, full_lo, full_end, seqlen_k, seqlen_k - seqlen_q, qk_scale,
+                            MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                            kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, softcap_scale=softcap_scale, softcap_log2=softcap_log2,
+                            slope_log2=slope_log2, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+    return _attn_bwd_dq_inner(dq, q, do, m, delta, _rows_at(k_src, full_end, stride_kn, USE_TMA), _rows_at(v_src, full_end, stride_vn, USE_TMA),
+                              stride_kn, stride_vn, offs_m, offs_n, offs_d, full_end, end, seqlen_k, seqlen_k - seqlen_q, qk_scale,
+                              MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
+                              kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA, window_left=window_left, window_right=window_right,
+                              softcap_scale=softcap_scale, softcap_log2=softcap_log2, slope_log2=slope_log2,
+                              WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
 def _attn_bwd_dq(Q, K, V, DO, DQ, M, DELTA,           # q, k, v, do, dq (B, H, L, D) any strides; m, delta (B, Hq, Lq)
                  stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                  stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
                  num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
+                 window_left, window_right, softcap_scale, softcap_log2, SLOPES, stride_slopes_z,   # score modifiers (14)
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 USE_TMA: tl.constexpr):                   # K and V are tensor descriptors
+                 USE_TMA: tl.constexpr,                    # K and V are tensor descriptors
+                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     """A program per (Q block, batch, query head): dQ of its rows over the keys they see, with the forward's bounds.
     Every element is written by one program: no atomics, the same bits on every run."""
     start_m, off_zh = _program_block(tl.program_id(0), tl.cdiv(seqlen_q, BLOCK_M), CAUSAL)
@@ -245,26 +339,19 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, M, DELTA,           # q, k, v, do, dq (B, H, L
     at = off_zh.to(tl.int64) * seqlen_q + offs_m
     m = tl.load(M + at, mask=offs_m < seqlen_q, other=float("inf"))
     delta = tl.load(DELTA + at, mask=offs_m < seqlen_q, other=0.0)
-    first_pos = start_m * BLOCK_M
-    full_end, end, _ = _kv_key_bounds(first_pos, tl.minimum(first_pos + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
-    diag_offset = seqlen_k - seqlen_q
-    kv_z, kv_h = off_z.to(tl.int32), off_hkv.to(tl.int32)
+    slope_log2, _, _ = _rows_start(0.0, 0.0, SLOPES, stride_slopes_z, SLOPES, off_z, tl.zeros([BLOCK_M], dtype=tl.int64) + off_h,
+                                   ALIBI, False)
     if USE_TMA:
-        k_src, v_src, k_masked, v_masked = K, V, K, V
+        k_src, v_src = K, V
     else:
         k_src = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :]
         v_src = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
-        k_masked = k_src + full_end.to(tl.int64) * stride_kn
-        v_masked = v_src + full_end.to(tl.int64) * stride_vn
+    first_pos = start_m * BLOCK_M
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _attn_bwd_dq_inner(dq, q, do, m, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                            0, full_end, seqlen_k, diag_offset, qk_scale,
-                            MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
-                            kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA)
-    dq = _attn_bwd_dq_inner(dq, q, do, m, delta, k_masked, v_masked, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                            full_end, end, seqlen_k, diag_offset, qk_scale,
-                            MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32,
-                            kv_z=kv_z, kv_h=kv_h, USE_TMA=USE_TMA)
+    dq = _attn_bwd_dq_runs(dq, q, do, m, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                           first_pos, tl.minimum(first_pos + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, qk_scale,
+                           CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, off_z.to(tl.int32), off_hkv.to(tl.int32), USE_TMA,
+                           window_left, window_right, softcap_scale, softcap_log2, slope_log2, WINDOW, SOFTCAP, ALIBI)
     dq *= scale
     row_ok = offs_m[:, None] < seqlen_q
     if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
@@ -276,11 +363,18 @@ def _tma_views(tensors:tuple, rows:int, block_d:int, use_tma:bool) -> tuple:
     if not use_tma: return tensors
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d]) for t in tensors)
 
+def _backward_mod_flags(mods:ScoreMods, causal:bool) -> dict:
+    "The backward kernels' switches for `mods`: the forward's but SINK, which changes only the LSE they read (14)."
+    flags = _mod_flags(mods, causal)
+    del flags["SINK"]
+    return flags
+
 def launch_dkdv(q, k, v, do, dk, dv,        # (B, H, L, D) views; dk, dv shaped as k, v
                 m, delta,                   # (B, Hq, Lq) float32 from `launch_preprocess`
                 causal:bool, scale:float,
                 candidate:Candidate,        # a "bwd_dkdv" candidate: BLOCK_M (query rows per step), BLOCK_N (keys per program)
                 use_tma:bool=False,         # Q and dO through tensor descriptors (16-byte aligned views)
+                mods:ScoreMods=None,        # sliding window, softcap, ALiBi (14); a sink needs nothing here
                ):
     "Launch `_attn_bwd_dkdv` once: dK and dV (summed over each GQA group) into dk, dv."
     B, Hq, Lq, D = q.shape
@@ -291,6 +385,7 @@ def launch_dkdv(q, k, v, do, dk, dv,        # (B, H, L, D) views; dk, dv shaped 
     dot_fp32 = _dot_in_fp32(q.dtype)
     q, do = _tma_views((q, do), candidate.BLOCK_M, block_d, use_tma)
     if grid: _attn_bwd_dkdv[(grid,)](q, k, v, do, dk, dv, m, delta, *strides, Hq, Hq // Hkv, Lq, Lk, scale, scale * LOG2E,
+                                     *_mod_args(mods, causal, scale, Lq, Lk, m.device)[:6], **_backward_mod_flags(mods, causal),
                                      HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32,
                                      BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **candidate.launch_options)
 
@@ -300,6 +395,7 @@ def launch_dq(q, k, v, do, dq,              # (B, H, L, D) views; dq shaped as q
               causal:bool, scale:float,
               candidate:Candidate,          # a "bwd_dq" candidate: BLOCK_M (query rows per program), BLOCK_N (keys per step)
               use_tma:bool=False,           # K and V through tensor descriptors (16-byte aligned views)
+              mods:ScoreMods=None,          # sliding window, softcap, ALiBi (14); a sink needs nothing here
              ):
     "Launch `_attn_bwd_dq` once: dQ into dq."
     B, Hq, Lq, D = q.shape
@@ -310,5 +406,6 @@ def launch_dq(q, k, v, do, dq,              # (B, H, L, D) views; dq shaped as q
     dot_fp32 = _dot_in_fp32(q.dtype)
     k, v = _tma_views((k, v), candidate.BLOCK_N, block_d, use_tma)
     if grid: _attn_bwd_dq[(grid,)](q, k, v, do, dq, m, delta, *strides, Hq, Hq // Hkv, Lq, Lk, scale, scale * LOG2E,
+                                   *_mod_args(mods, causal, scale, Lq, Lk, m.device)[:6], **_backward_mod_flags(mods, causal),
                                    HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32,
                                    BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **candidate.launch_options)

@@ -21,6 +21,7 @@ import triton
 from . import backward as _backward, forward as _forward, split_kv as _split_kv, varlen as _varlen
 from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import _TRITON_KEY, _DecodeLaunch, _Launch, _decode_plan_key, _keep_plan, _plan_key, fast_launch_possible
+from .score_mods import _sink_gradient
 from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
 from .validation import _capability
 
@@ -276,27 +277,34 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
 
 
 # %% ../nbs/94_dispatch.ipynb #c501c142
-def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scale:float, configs:tuple=None) -> tuple:
+def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scale:float, configs:tuple=None, mods=None,
+                        dsink=None) -> tuple:
     """Gradients of attention into dq, dk, dv (shaped as q, k, v) from (B, H, L, D) views of do, q, k, v, o, the forward's
     contiguous lse (B, Hq, Lq) and dlse (its gradient, or None). `configs`: (dK/dV candidate, dQ candidate), bypassing the
-    choice. Returns the two candidates launched."""
+    choice. `mods`: the forward's score modifiers (14), or None; with a sink, its gradient into `dsink` (Hq,) float32.
+    Returns the two candidates launched."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
+    if dsink is not None: dsink.zero_()
     if B * Hq == 0: return configs
-    signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs)
+    flags = () if mods is None else tuple(_backward._backward_mod_flags(mods, causal).values())
+    signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs, flags)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         delta, m = _backward.launch_preprocess(o, do, lse, dlse)
         if _forward._has_tma(q.device):   # a view TMA cannot address is copied once: each pass then streams it through TMA
             q, k, v, do = (t if _forward._descriptors_fit(t) else t.contiguous() for t in (q, k, v, do))
         use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
-        passes = (("bwd_dkdv", lambda c: _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma)),
-                  ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma)))
+        if dsink is not None and mods is not None and mods.learnable_sink is not None:
+            dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=1))
+        passes = (("bwd_dkdv", lambda c: _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)),
+                  ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods)))
         picks = []
         for i, (kernel, run) in enumerate(passes):
             pick = configs[i] if configs is not None else None
             if pick is None:
-                key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, str(q.dtype), str(q.device))
+                key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, *flags, str(q.dtype),
+                       str(q.device))
                 pick = _PICKS.get(key)
                 if pick is None or (key not in _TUNED and tuning_requested()):
                     rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
@@ -332,24 +340,29 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
 
 # %% ../nbs/94_dispatch.ipynb #a5015c0b
 def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int,
-                     dq, dk, dv, causal:bool, scale:float, configs:tuple=None) -> tuple:
+                     dq, dk, dv, causal:bool, scale:float, configs:tuple=None, mods=None, dsink=None) -> tuple:
     """Gradients of packed sequences into dq (shaped as q) and dk, dv (shaped as k, v) from do, q, k, v, o (packed),
-    lse and dlse (Hq, total_q; dlse may be None). `configs`: (dK/dV candidate, dQ candidate), bypassing the choice."""
+    lse and dlse (Hq, total_q; dlse may be None). `configs`: (dK/dV candidate, dQ candidate), bypassing the choice.
+    `mods` and `dsink` as `_attention_backward`'s."""
     total_q, Hq, D = q.shape
-    signature = _signature(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, causal, scale > 0, configs)
+    if dsink is not None: dsink.zero_()
+    flags = () if mods is None else tuple(_backward._backward_mod_flags(mods, causal).values())
+    signature = _signature(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, causal, scale > 0, configs, flags)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         delta, m = _varlen.launch_backward_preprocess(o, do, lse, dlse)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
+        if dsink is not None and mods is not None and mods.learnable_sink is not None:
+            dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=0))
         passes = (("bwd_dkdv", lambda c: _varlen.launch_dkdv(q, k, v, do, dk, dv, m, delta, cu_seqlens_q, cu_seqlens_k,
-                                                             max_seqlen_k, causal, scale, c)),
+                                                             max_seqlen_k, causal, scale, c, mods)),
                   ("bwd_dq", lambda c: _varlen.launch_dq(q, k, v, do, dq, m, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                         causal, scale, c)))
+                                                         causal, scale, c, mods)))
         picks = []
         for i, (kernel, run) in enumerate(passes):
             pick = configs[i] if configs is not None else None
             if pick is None:
                 key = ("varlen_" + kernel, D, causal, _bucket(Hq // k.shape[1], 1, 16), *_tune_buckets(total_q * Hq, max_seqlen_k),
-                       str(q.dtype), str(q.device))
+                       *flags, str(q.dtype), str(q.device))
                 pick = _PICKS.get(key)
                 if pick is None or (key not in _TUNED and tuning_requested()):
                     pick = _choose(key, backward_candidates(kernel, D, True, smem, varlen=True), run)

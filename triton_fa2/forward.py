@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from .candidates import Candidate
-from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _window_key_bounds
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
 try: from triton.tools.tensor_descriptor import TensorDescriptor   # Hopper's TMA, from the host
 except ImportError: TensorDescriptor = None                          # a Triton without it: pointer loads only
 
@@ -66,11 +66,7 @@ def _softmax_step(qk, m_i, l_i, cols, offs_m, seqlen_k, diag_offset, qk_scale,
     if MASKED or not FOLD_SCALE or SOFTCAP or ALIBI:
         qk = _score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, ALIBI)
         if MASKED:
-            visible = cols[None, :] < seqlen_k
-            if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + diag_offset)
-            if WINDOW:
-                distance = offs_m[:, None] + diag_offset - cols[None, :]   # p − j
-                visible = visible & (distance <= window_left) & (distance >= -window_right)
+            visible = _visible(offs_m[:, None], cols[None, :], seqlen_k, diag_offset, window_left, window_right, CAUSAL, WINDOW)
             qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         if MASKED: m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing: 2^(−∞−0) = 0, not NaN

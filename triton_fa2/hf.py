@@ -11,7 +11,7 @@ __all__ = ['padding_mask', 'attention_forward', 'register']
 import torch
 from .ops import _attention_op, _define_operator, _run_attention
 from .validation import _check_inputs, _check_score_mods
-from .interface import _refuse_mods_gradient, decode, flash_attn_varlen_func
+from .interface import decode, flash_attn_varlen_func
 
 # %% ../nbs/10_integration.ipynb #80776a62
 def _padding_lengths_impl(mask:torch.Tensor, padding_allowed:bool) -> torch.Tensor:
@@ -95,7 +95,6 @@ def attention_forward(module:torch.nn.Module,  # the model's attention layer (re
         # transformers' sliding window of w keys: query position p sees keys p − w + 1 … p (its masks' `kv_idx > q_idx − w`)
         window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, -1)
         mods = _check_score_mods(window, float(softcap or 0.0), None, sinks, B, Hq, query.device)
-        _refuse_mods_gradient(mods, query, key, value, sinks)
         if mods is not None and attention_mask is not None and torch.compiler.is_compiling():
             raise ValueError("under torch.compile, triton_fa2 runs sliding_window, softcap and s_aux (sinks) on batches without "
                              "padding only; run the model eagerly for padded batches")

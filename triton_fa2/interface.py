@@ -19,12 +19,6 @@ from .tuning import tuning
 from .validation import (_check_causal, _check_inputs, _check_num_splits, _check_kvcache, _check_score_mods, _check_seqlens,
                                    _check_varlen, _refuse_unsupported)
 
-def _refuse_mods_gradient(mods, *tensors):
-    "NotImplementedError where autograd would need the backward of a score modifier (14), which is not implemented yet."
-    if mods is not None and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise NotImplementedError("the backward of window_size, softcap, alibi_slopes and learnable_sink is not implemented yet: "
-                                  "call under torch.no_grad() (inference), or leave them at their defaults to train")
-
 # %% ../nbs/97_interface.ipynb #cfa28366
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
               k:torch.Tensor,         # (B, Hkv, Lk, D) keys; Hq must be a multiple of Hkv
@@ -45,7 +39,6 @@ def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
     causal = _check_causal(causal)
     B, Hq, Hkv, Lq, Lk, D = _check_inputs(q, k, v, causal, scale)
     mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, B, Hq, q.device)
-    _refuse_mods_gradient(mods, q, k, v, learnable_sink)
     o, lse = _run_attention(q, k, v, causal, D ** -0.5 if scale is None else float(scale), False, mods)
     return (o, lse) if return_lse else o
 
@@ -73,7 +66,6 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqle
     causal = _check_causal(causal)                                  # a NumPy bool becomes a Python bool
     B, Hq = _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")[:2]
     mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, B, Hq, q.device)
-    _refuse_mods_gradient(mods, q, k, v, learnable_sink)
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))            # (B, H, L, D) views of the same memory
     D = q.shape[-1]
     out, lse = _run_attention(q_, k_, v_, causal, D ** -0.5 if softmax_scale is None else float(softmax_scale), True, mods)
@@ -103,7 +95,6 @@ def flash_attn_varlen_func(q:torch.Tensor,             # (total_q, Hq, D) querie
     causal = _check_causal(causal)
     batch, Hq, Hkv, D = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, block_table)
     mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, batch, Hq, q.device)
-    _refuse_mods_gradient(mods, q, k, v, learnable_sink)
     if block_table is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("flash_attn_varlen_func with a paged K/V (block_table) has no backward, as in flash-attn: "
                                   "call it under torch.no_grad(), or pass packed k, v (total_k, Hkv, D) without block_table to train")

@@ -53,34 +53,45 @@ _attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, 
                                  _attention_impl, _attention_fake)
 
 # %% ../nbs/96_ops.ipynb #17a95305
-def _attention_backward_impl(do, q, k, v, o, lse, dlse, causal, scale):
-    "(B, H, L, D) views of dO, q, k, v, o; lse (B, Hq, Lq); dlse (B, Hq, Lq) or None. (dq, dk, dv) shaped as q, k, v."
-    dq, dk, dv = _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale)
+_MODS_SCHEMA = "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, Tensor? learnable_sink=None"
+
+def _sink_grad_buffer(q, learnable_sink):
+    "Where the backward writes the sinks' gradient: float32 shaped as the sinks, or empty without them."
+    return q.new_empty(learnable_sink.shape if learnable_sink is not None else (0,), dtype=torch.float32)
+
+def _attention_backward_impl(do, q, k, v, o, lse, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
+                             alibi_slopes=None, learnable_sink=None):
+    """(B, H, L, D) views of dO, q, k, v, o; lse (B, Hq, Lq); dlse (B, Hq, Lq) or None; the forward's score modifiers.
+    (dq, dk, dv) shaped as q, k, v, and the sinks' gradient (empty without sinks)."""
+    dq, dk, dv, dsink = _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale, learnable_sink=learnable_sink)
     if do.stride(-1) != 1 or 0 in do.stride(): do = do.contiguous()
     if dlse is not None: dlse = dlse.float().contiguous()
-    _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale)
-    return dq, dk, dv
+    _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale,
+                        mods=_score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink),
+                        dsink=dsink if learnable_sink is not None else None)
+    return dq, dk, dv, dsink
 
-def _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _attention_backward_fake(do, q, k, v, o, lse, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
+                             alibi_slopes=None, learnable_sink=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _sink_grad_buffer(q, learnable_sink)
 
 _attention_backward_op = _define_operator(_OPS, "attention_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
-                                                "Tensor? dlse, bool causal, float scale) -> (Tensor, Tensor, Tensor)",
+                                                f"Tensor? dlse, bool causal, float scale, {_MODS_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)",
                                           _attention_backward_impl, _attention_backward_fake)
 
 def _attention_setup_context(ctx, inputs, output):
     q, k, v, causal, scale, flash_layout, *mods = inputs
-    if _score_mods(*mods) is not None:   # the public functions refuse gradients with score modifiers before this
-        raise NotImplementedError("the backward of sliding windows, softcapping, ALiBi and sinks is not implemented yet")
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.mods = (mods + [-1, -1, 0.0, None, None][len(mods):])[:3]   # window_left, window_right, softcap
+    slopes, sink = (mods + [None, None, None, None, None])[3:5]
+    ctx.save_for_backward(q, k, v, o, lse, slopes, sink)
     ctx.causal, ctx.scale, ctx.flash_layout = causal, scale, flash_layout
 
 def _attention_grad(ctx, do, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
+    q, k, v, o, lse, slopes, sink = ctx.saved_tensors
     if ctx.flash_layout: o, do = o.transpose(1, 2), do.transpose(1, 2)   # (B, Lq, Hq, D) outputs, as (B, Hq, Lq, D) views
-    dq, dk, dv = _attention_backward_op(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    dq, dk, dv, dsink = _attention_backward_op(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale, *ctx.mods, slopes, sink)
+    return dq, dk, dv, None, None, None, None, None, None, None, dsink if sink is not None else None
 
 torch.library.register_autograd(f"{_OPS}::attention", _attention_grad, setup_context=_attention_setup_context, lib=_LIBRARIES[_OPS])
 
@@ -131,34 +142,40 @@ _varlen_op = _define_operator(_OPS, "varlen_attention(Tensor q, Tensor k, Tensor
                                     "Tensor? learnable_sink=None) "
                                     "-> (Tensor, Tensor)", _varlen_impl, _varlen_fake)
 
-def _varlen_backward_impl(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+def _varlen_backward_impl(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dsink = _sink_grad_buffer(q, learnable_sink)
     if do.stride(-1) != 1 or 0 in do.stride(): do = do.contiguous()
     if dlse is not None: dlse = dlse.float().contiguous()
-    _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, causal, scale)
-    return dq, dk, dv
+    _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, causal, scale,
+                     mods=_score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink),
+                     dsink=dsink if learnable_sink is not None else None)
+    return dq, dk, dv, dsink
 
-def _varlen_backward_fake(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _varlen_backward_fake(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _sink_grad_buffer(q, learnable_sink)
 
 _varlen_backward_op = _define_operator(_OPS, "varlen_attention_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, "
                                              "Tensor lse, Tensor? dlse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
-                                             "int max_seqlen_k, bool causal, float scale) -> (Tensor, Tensor, Tensor)",
+                                             f"int max_seqlen_k, bool causal, float scale, {_MODS_SCHEMA}) "
+                                             "-> (Tensor, Tensor, Tensor, Tensor)",
                                        _varlen_backward_impl, _varlen_backward_fake)
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.causal, ctx.scale, *paged = inputs
     if paged and paged[0] is not None:   # the public function refuses gradients of a paged K/V before this
         raise NotImplementedError("the backward of packed sequences over a paged K/V (block_table) is not implemented")
-    if paged and _score_mods(*paged[1:]) is not None:   # and of the score modifiers
-        raise NotImplementedError("the backward of sliding windows, softcapping, ALiBi and sinks is not implemented yet")
-    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k)
+    mods = (paged[1:] + [-1, -1, 0.0, None, None][len(paged[1:]):]) if paged else [-1, -1, 0.0, None, None]
+    ctx.mods = mods[:3]                  # window_left, window_right, softcap
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, *mods[3:])
 
 def _varlen_grad(ctx, do, dlse):
-    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = _varlen_backward_op(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
-                                     ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, slopes, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = _varlen_backward_op(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q,
+                                            ctx.max_seqlen_k, ctx.causal, ctx.scale, *ctx.mods, slopes, sink)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, dsink if sink is not None else None
 
 torch.library.register_autograd(f"{_OPS}::varlen_attention", _varlen_grad, setup_context=_varlen_setup_context, lib=_LIBRARIES[_OPS])
 torch.library.register_autograd(f"{_OPS}::varlen_attention_backward", _no_double_backward, lib=_LIBRARIES[_OPS])
@@ -178,7 +195,8 @@ def _run_attention(q, k, v, causal:bool, scale:float, flash_layout:bool, mods:tu
     """`triton_fa2::attention`; in plain eager calls without gradients, its implementation directly (the dispatcher's round
     trip saved). `mods`: the checked score modifiers (`validation._check_score_mods`), or None."""
     flat = () if mods is None else (*mods[0], *mods[1:])
-    if _plain_eager(q, k, v, *(t for t in flat if isinstance(t, torch.Tensor))) and not _needs_grad(q, k, v):
+    tensors = (q, k, v, *(t for t in flat if isinstance(t, torch.Tensor)))
+    if _plain_eager(*tensors) and not _needs_grad(*tensors):
         return _attention_impl(q, k, v, causal, scale, flash_layout, *flat)
     return _attention_op(q, k, v, causal, scale, flash_layout, *flat)
 
@@ -195,5 +213,6 @@ def _run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqle
     "`triton_fa2::varlen_attention`; in plain eager calls without gradients, its implementation directly. `mods` as `_run_attention`'s."
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table,
             *(() if mods is None else (*mods[0], *mods[1:])))
-    if _plain_eager(*(t for t in args if isinstance(t, torch.Tensor))) and not _needs_grad(q, k, v): return _varlen_impl(*args)
+    tensors = [t for t in args if isinstance(t, torch.Tensor)]
+    if _plain_eager(*tensors) and not _needs_grad(*tensors): return _varlen_impl(*args)
     return _varlen_op(*args)

@@ -72,6 +72,18 @@ def _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, win
     sees = first < end
     return tl.where(sees, lo, 0), tl.where(sees, full_lo, 0), tl.where(sees, full_end, 0), tl.where(sees, end, 0)
 
+@triton.jit
+def _visible(rows, cols, seqlen_k, diag_offset, window_left, window_right, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """The element mask of a masked tile: which keys `cols` the queries `rows` see, the two shaped to broadcast either way
+    round ((rows, keys) in the forward and dQ, (keys, rows) in dK/dV). Keys past Lk never; with CAUSAL, j ≤ p; with
+    WINDOW, p − left ≤ j ≤ p + right; p = i + Lk − Lq (`diag_offset`), the query's key position."""
+    visible = cols < seqlen_k
+    if CAUSAL: visible = visible & (cols <= rows + diag_offset)
+    if WINDOW:
+        distance = rows + diag_offset - cols                  # p − j
+        visible = visible & (distance <= window_left) & (distance >= -window_right)
+    return visible
+
 # %% ../nbs/14_score_mods.ipynb #8c2f2a89
 @triton.jit
 def _tanh(x):
@@ -89,6 +101,12 @@ def _score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_l
     return qk
 
 @triton.jit
+def _softcap_slope(qk, softcap_scale):
+    "d(c·tanh(S·scale / c))/dS over scale: 1 − tanh²(S·scale / c), by which softcapping multiplies dS (the scale comes last)."
+    t = _tanh(qk * softcap_scale)
+    return 1.0 - t * t
+
+@triton.jit
 def _rows_start(m_i, l_i, SLOPES, stride_slopes_z, SINKS, off_z, row_heads, ALIBI: tl.constexpr, SINK: tl.constexpr,
                 with_sink=True):
     """Each row's ALiBi slope · log2 e (0.0 without ALiBi), and the online softmax's starting state: (m_i, l_i) as given,
@@ -100,3 +118,14 @@ def _rows_start(m_i, l_i, SLOPES, stride_slopes_z, SINKS, off_z, row_heads, ALIB
         m_i = tl.where(with_sink, tl.load(SINKS + row_heads) * 1.4426950408889634, m_i)
         l_i = tl.where(with_sink, 1.0, l_i)
     return slope_log2, m_i, l_i
+
+# %% ../nbs/14_score_mods.ipynb #178ae724
+def _sink_gradient(learnable_sink:torch.Tensor, m:torch.Tensor, delta:torch.Tensor, head_axis:int) -> torch.Tensor:
+    """The loss's gradient with respect to each head's sink: −Σ over the head's rows of P_sink · Δ, P_sink = 2^(sink·log2 e − M)
+    from the backward's M (the base-2 LSE, sink included) and Δ (rowsum(dO ∘ O) − dLSE). `head_axis`: where the heads are
+    in m and delta (1 for (B, Hq, Lq), 0 for packed rows' (Hq, total_q)). Float32, shaped as the sinks, the same bits every run."""
+    shape = [1] * m.dim()
+    shape[head_axis] = -1
+    p_sink = torch.exp2(learnable_sink.view(shape) * 1.4426950408889634 - m)
+    return -(p_sink * delta).sum([d for d in range(m.dim()) if d != head_axis])
+

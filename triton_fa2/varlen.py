@@ -15,7 +15,7 @@ import triton.language as tl
 from .candidates import Candidate
 from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _window_key_bounds
 from .forward import LOG2E, _attn_fwd_runs, _descriptor, _dot_in_fp32, _kv_key_bounds, _load_rows, _normalize_rows, _program_block, _q_block_rows
-from .backward import _attn_bwd_dkdv_inner, _attn_bwd_dq_inner, _q_row_bounds, launch_preprocess
+from .backward import _attn_bwd_dkdv_head, _attn_bwd_dq_runs, _backward_mod_flags, _dkdv_row_runs, launch_preprocess
 
 # %% ../nbs/13_varlen.ipynb #1835de7d
 @triton.jit
@@ -119,8 +119,10 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, M, DELTA,   # q, do (total_q, Hq,
                           stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_dom, stride_doh,
                           stride_dkm, stride_dkh, stride_dvm, stride_dvh,
                           num_heads_q, group_size, num_n_blocks, total_q, scale, qk_scale,
+                          window_left, window_right, softcap_scale, softcap_log2, SLOPES, stride_slopes_z,   # score modifiers (14)
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     "A program per (K/V block, sequence, KV head): dK and dV of its keys over its sequence's rows, summed over the GQA group."
     start_n, off_zh = _program_block(tl.program_id(0), num_n_blocks, False)
     num_heads_kv = num_heads_q // group_size
@@ -136,25 +138,20 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, M, DELTA,   # q, do (total_q, Hq,
     v = _load_rows(V + key_rows * stride_vm + off_hkv * stride_vh + offs_d[None, :], offs_n, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    lo, mid = _q_row_bounds(start_n * BLOCK_N, tl.minimum(start_n * BLOCK_N + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k,
-                            BLOCK_M, CAUSAL)
-    hi = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+    lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                                                CAUSAL, WINDOW)   # the dense kernel's runs, per sequence
     q_rows = (q_start + offs_m[:, None]).to(tl.int64)
     for g in range(0, group_size):                           # GQA: the group's query heads, one after the other
         off_h = off_hkv * group_size + g
         rows_at = off_h * total_q + q_start
-        q_src = Q + q_rows * stride_qm + off_h * stride_qh + offs_d[None, :]
-        do_src = DO + q_rows * stride_dom + off_h * stride_doh + offs_d[None, :]
-        if CAUSAL:                                           # the diagonal's tiles, masked; then every row from `mid` on
-            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_src + lo.to(tl.int64) * stride_qm, do_src + lo.to(tl.int64) * stride_dom,
-                                          M + rows_at, DELTA + rows_at, stride_qm, stride_dom, offs_m, offs_n, offs_d,
-                                          lo, mid, seqlen_q, seqlen_k - seqlen_q, qk_scale, MASKED=True, HEAD_DIM=HEAD_DIM,
-                                          BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32)
-            q_src += mid.to(tl.int64) * stride_qm
-            do_src += mid.to(tl.int64) * stride_dom
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, M + rows_at, DELTA + rows_at, stride_qm, stride_dom,
-                                      offs_m, offs_n, offs_d, mid, hi, seqlen_q, seqlen_k - seqlen_q, qk_scale, MASKED=False,
-                                      HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_FP32=DOT_FP32)
+        slope_log2, _, _ = _rows_start(0.0, 0.0, SLOPES, stride_slopes_z, SLOPES, off_z,
+                                       tl.zeros([BLOCK_N], dtype=tl.int64) + off_h, ALIBI, False)
+        dk, dv = _attn_bwd_dkdv_head(dk, dv, k, v, Q + q_rows * stride_qm + off_h * stride_qh + offs_d[None, :],
+                                     DO + q_rows * stride_dom + off_h * stride_doh + offs_d[None, :],
+                                     M + rows_at, DELTA + rows_at, stride_qm, stride_dom, offs_m, offs_n, offs_d,
+                                     lo, full_lo, full_end, end, seqlen_q, seqlen_k, seqlen_k - seqlen_q, qk_scale,
+                                     CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_FP32, 0, 0, False, window_left, window_right,
+                                     softcap_scale, softcap_log2, slope_log2, WINDOW, SOFTCAP, ALIBI)
     dk *= scale
     key_ok = offs_n[:, None] < seqlen_k
     if BLOCK_D != HEAD_DIM: key_ok = key_ok & (offs_d[None, :] < HEAD_DIM)
@@ -167,8 +164,10 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, M, DELTA,         # q, do, dq (total_q,
                         stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_dom, stride_doh,
                         stride_dqm, stride_dqh,
                         num_heads_q, group_size, num_m_blocks, total_q, scale, qk_scale,
+                        window_left, window_right, softcap_scale, softcap_log2, SLOPES, stride_slopes_z,   # score modifiers (14)
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     "A program per (Q block, sequence, query head): dQ of its rows over the keys of its sequence they see."
     start_m, off_zh = _program_block(tl.program_id(0), num_m_blocks, CAUSAL)
     off_z, off_h = off_zh // num_heads_q, (off_zh % num_heads_q).to(tl.int64)
@@ -185,17 +184,15 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, M, DELTA,         # q, do, dq (total_q,
     at = off_h * total_q + q_start + offs_m
     m = tl.load(M + at, mask=offs_m < seqlen_q, other=float("inf"))
     delta = tl.load(DELTA + at, mask=offs_m < seqlen_q, other=0.0)
+    slope_log2, _, _ = _rows_start(0.0, 0.0, SLOPES, stride_slopes_z, SLOPES, off_z, tl.zeros([BLOCK_M], dtype=tl.int64) + off_h,
+                                   ALIBI, False)
     first_pos = start_m * BLOCK_M
-    full_end, end, _ = _kv_key_bounds(first_pos, tl.minimum(first_pos + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
-    k_src = K + (k_start + offs_n[:, None]).to(tl.int64) * stride_km + off_hkv * stride_kh + offs_d[None, :]
-    v_src = V + (k_start + offs_n[:, None]).to(tl.int64) * stride_vm + off_hkv * stride_vh + offs_d[None, :]
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _attn_bwd_dq_inner(dq, q, do, m, delta, k_src, v_src, stride_km, stride_vm, offs_m, offs_n, offs_d,
-                            0, full_end, seqlen_k, seqlen_k - seqlen_q, qk_scale, MASKED=False, CAUSAL=CAUSAL,
-                            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32)
-    dq = _attn_bwd_dq_inner(dq, q, do, m, delta, k_src + full_end.to(tl.int64) * stride_km, v_src + full_end.to(tl.int64) * stride_vm,
-                            stride_km, stride_vm, offs_m, offs_n, offs_d, full_end, end, seqlen_k, seqlen_k - seqlen_q, qk_scale,
-                            MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_FP32=DOT_FP32)
+    dq = _attn_bwd_dq_runs(dq, q, do, m, delta, K + (k_start + offs_n[:, None]).to(tl.int64) * stride_km + off_hkv * stride_kh + offs_d[None, :],
+                           V + (k_start + offs_n[:, None]).to(tl.int64) * stride_vm + off_hkv * stride_vh + offs_d[None, :],
+                           stride_km, stride_vm, offs_m, offs_n, offs_d, first_pos, tl.minimum(first_pos + BLOCK_M, seqlen_q) - 1,
+                           seqlen_q, seqlen_k, qk_scale, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_FP32, 0, 0, False,
+                           window_left, window_right, softcap_scale, softcap_log2, slope_log2, WINDOW, SOFTCAP, ALIBI)
     dq *= scale
     row_ok = offs_m[:, None] < seqlen_q
     if BLOCK_D != HEAD_DIM: row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
@@ -212,7 +209,7 @@ def launch_backward_preprocess(o, do, lse, dlse=None) -> tuple:
     return delta[0], m[0]
 
 def launch_dkdv(q, k, v, do, dk, dv, m, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_k:int, causal:bool, scale:float,
-                candidate:Candidate):
+                candidate:Candidate, mods:ScoreMods=None):
     "Launch `_attn_bwd_dkdv_varlen` once: dK and dV of packed sequences into dk, dv (total_k, Hkv, D)."
     total_q, Hq, D = q.shape
     Hkv = k.shape[1]
@@ -221,12 +218,13 @@ def launch_dkdv(q, k, v, do, dk, dv, m, delta, cu_seqlens_q, cu_seqlens_k, max_s
     if grid == 0: return
     _attn_bwd_dkdv_varlen[(grid,)](q, k, v, do, dk, dv, m, delta, cu_seqlens_q, cu_seqlens_k,
                                    *(s for t in (q, k, v, do, dk, dv) for s in t.stride()[:2]), Hq, Hq // Hkv, num_n_blocks, total_q,
-                                   scale, scale * LOG2E, HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal,
+                                   scale, scale * LOG2E, *_mod_args(mods, causal, scale, total_q, k.shape[0], q.device)[:6],
+                                   **_backward_mod_flags(mods, causal), HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal,
                                    DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N,
                                    **candidate.launch_options)
 
 def launch_dq(q, k, v, do, dq, m, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, causal:bool, scale:float,
-              candidate:Candidate):
+              candidate:Candidate, mods:ScoreMods=None):
     "Launch `_attn_bwd_dq_varlen` once: dQ of packed sequences into dq (total_q, Hq, D)."
     total_q, Hq, D = q.shape
     num_m_blocks = triton.cdiv(max_seqlen_q, candidate.BLOCK_M)
@@ -234,6 +232,7 @@ def launch_dq(q, k, v, do, dq, m, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_
     if grid == 0: return
     _attn_bwd_dq_varlen[(grid,)](q, k, v, do, dq, m, delta, cu_seqlens_q, cu_seqlens_k,
                                  *(s for t in (q, k, v, do, dq) for s in t.stride()[:2]), Hq, Hq // k.shape[1], num_m_blocks, total_q,
-                                 scale, scale * LOG2E, HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal,
+                                 scale, scale * LOG2E, *_mod_args(mods, causal, scale, total_q, k.shape[0], q.device)[:6],
+                                 **_backward_mod_flags(mods, causal), HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), CAUSAL=causal,
                                  DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N,
                                  **candidate.launch_options)
