@@ -23,6 +23,11 @@ from triton_fa2.runtime import compile_for_gpu, cuobjdump, resource_usage
 H200_SMEM = 232448   # bytes of shared memory a block may use on sm_90
 
 
+def all_mods(Hq:int, on:bool):
+    "Every score modifier at once (a causal window, softcap, ALiBi, sinks; CPU tensors stand in), or None."
+    return fwd.ScoreMods((256, 0), 50.0, torch.empty(Hq), torch.empty(Hq)) if on else None
+
+
 class _Offline:
     "Stands in for a kernel inside the package's launch code: compiles for sm_90 instead of launching."
     def __init__(self, jitfn): self.jitfn, self.compiled = jitfn, []
@@ -42,11 +47,12 @@ def offline(module, *names):
         for n, k in zip(names, real): setattr(module, n, k)
 
 
-def compile_forward(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(128, 64, 8, 3), use_tma=True):
+def compile_forward(B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(128, 64, 8, 3), use_tma=True, mods=False):
     "Compile `_attn_fwd` for one shape, config (BLOCK_M, BLOCK_N, warps, stages) and tile source; the CompiledKernel."
     q, k, v = (torch.empty(B, H, N, D, dtype=dtype) for _ in range(3))
     with offline(fwd, "_attn_fwd") as (kernel,):
-        fwd.launch(q, k, v, torch.empty_like(q), torch.empty(B, H, N), causal, D ** -0.5, Candidate("tl", *config), use_tma=use_tma)
+        fwd.launch(q, k, v, torch.empty_like(q), torch.empty(B, H, N), causal, D ** -0.5, Candidate("tl", *config), use_tma=use_tma,
+                   mods=all_mods(H, mods))
     return kernel.compiled[0]
 
 
@@ -59,7 +65,7 @@ def compile_packed(B=2, Hq=32, Hkv=8, N=64, D=128, causal=True, dtype=torch.bflo
 
 
 def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, config=(64, 64, 4, 3), page_size=0,
-                   use_tma=False):
+                   use_tma=False, mods=False):
     """Compile `_attn_fwd_varlen` (packed sequences, pointers; K and V through descriptors with `use_tma`) for sequences of
     these lengths; with `page_size`, over a paged K/V."""
     total = sum(lengths)
@@ -72,11 +78,12 @@ def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dty
     else: k, v, table = *(torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2)), None
     with offline(varlen, "_attn_fwd_varlen") as (kernel,):
         varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, max(lengths), causal, D ** -0.5, Candidate("tl", *config), table,
-                      use_tma)
+                      use_tma, all_mods(Hq, mods))
     return kernel.compiled[0]
 
 
-def compile_varlen_backward(kernel, lengths=(700, 2048, 1), Hq=8, Hkv=2, D=128, causal=True, dtype=torch.bfloat16, config=(32, 64, 4, 2)):
+def compile_varlen_backward(kernel, lengths=(700, 2048, 1), Hq=8, Hkv=2, D=128, causal=True, dtype=torch.bfloat16, config=(32, 64, 4, 2),
+                            mods=False):
     "Compile one backward pass of packed sequences (`bwd_dkdv` or `bwd_dq`, pointers) for sequences of these lengths."
     total = sum(lengths)
     q, do = (torch.empty(total, Hq, D, dtype=dtype) for _ in range(2))
@@ -86,14 +93,16 @@ def compile_varlen_backward(kernel, lengths=(700, 2048, 1), Hq=8, Hkv=2, D=128, 
     c = Candidate(kernel, *config)
     if kernel == "bwd_dkdv":
         with offline(varlen, "_attn_bwd_dkdv_varlen") as (compiled,):
-            varlen.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c)
+            varlen.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c,
+                               all_mods(Hq, mods))
     else:
         with offline(varlen, "_attn_bwd_dq_varlen") as (compiled,):
-            varlen.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c)
+            varlen.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c, all_mods(Hq, mods))
     return compiled.compiled[0]
 
 
-def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4, page_size=0):
+def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4, page_size=0,
+                   mods=False):
     """Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits; with
     `page_size`, on a paged cache ((pages, Hkv, page_size, D) views and a block table)."""
     q = torch.empty(B, Hq, Lq, D, dtype=dtype)
@@ -105,11 +114,13 @@ def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat
     o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq)
     with offline(split_kv, "_decode_fwd", "_combine_splits") as (split, combine):
         split_kv.launch(q, k_cache, v_cache, torch.full((B,), Lmax, dtype=torch.int32), o, lse,
-                        *split_kv._partials(q, num_splits, o, lse), True, D ** -0.5, num_splits, Candidate("decode", 0, *config), table)
+                        *split_kv._partials(q, num_splits, o, lse), True, D ** -0.5, num_splits, Candidate("decode", 0, *config), table,
+                        mods=all_mods(Hq, mods))
     return split.compiled[0], combine.compiled[0]
 
 
-def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(32, 128, 8, 3), pointers=False):
+def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, config=(32, 128, 8, 3), pointers=False,
+                     mods=False):
     """Compile one pass of the backward (`bwd_dkdv` or `bwd_dq`) through descriptors or pointers, on aligned views: the
     dispatcher copies a view TMA cannot address, so pointers serve GPUs without TMA, whose tensors are aligned."""
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
@@ -118,10 +129,11 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
     c = Candidate(kernel, *config)
     if kernel == "bwd_dkdv":
         with offline(bwd, "_attn_bwd_dkdv") as (compiled,):
-            bwd.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, c, use_tma=not pointers)
+            bwd.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, c, use_tma=not pointers,
+                            mods=all_mods(Hq, mods))
     else:
         with offline(bwd, "_attn_bwd_dq") as (compiled,):
-            bwd.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, c, use_tma=not pointers)
+            bwd.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, c, use_tma=not pointers, mods=all_mods(Hq, mods))
     return compiled.compiled[0]
 
 
@@ -166,6 +178,9 @@ def shipped():
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
+    for D in (64, 128, 256):                                   # every score modifier at once, on each kernel that takes them
+        for kernel in ("forward", "pointers", "varlen", "decode", "bwd_dkdv", "bwd_dq", "varlen_bwd_dkdv", "varlen_bwd_dq"):
+            jobs.append((f"modifiers {kernel} D={D}", ("modifiers", D, None, kernel)))
     return jobs
 
 
@@ -187,8 +202,22 @@ def compile_job(job) -> list:
     elif kind == "paged":
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
+    elif kind == "modifiers":
+        kernels = [(f"{heads} with every modifier", MODIFIER_JOBS[heads](D))]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
     return [(n, dict(resource_usage(k), sass=sass_hash(k))) for n, k in kernels]
+
+
+MODIFIER_JOBS = {   # one config each, the smallest tiles of each table (what a first call without tuning may run)
+    "forward": lambda D: compile_forward(D=D, config=(64, 64, 4, 2), mods=True),
+    "pointers": lambda D: compile_forward(D=D, config=(64, 32, 4, 2), use_tma=False, mods=True),
+    "varlen": lambda D: compile_varlen(D=D, config=(64, 32, 4, 2), mods=True),
+    "decode": lambda D: compile_decode(D=D, mods=True)[0],
+    "bwd_dkdv": lambda D: compile_backward("bwd_dkdv", D=D, config=(32, 64, 4, 2), mods=True),
+    "bwd_dq": lambda D: compile_backward("bwd_dq", D=D, config=(64, 32, 4, 2), mods=True),
+    "varlen_bwd_dkdv": lambda D: compile_varlen_backward("bwd_dkdv", D=D, config=(32, 64, 4, 2), mods=True),
+    "varlen_bwd_dq": lambda D: compile_varlen_backward("bwd_dq", D=D, config=(64, 32, 4, 2), mods=True),
+}
 
 
 def sass_hash(kernel) -> str:
@@ -204,8 +233,10 @@ def _try(job):
 
 
 def spill_accepted(job) -> bool:
-    "Whether a job is a backward tile kept although it may spill (`candidates.BACKWARD_SPILLS_ACCEPTED`, measured faster)."
+    """Whether a job may spill: a backward tile kept although it does (`candidates.BACKWARD_SPILLS_ACCEPTED`, measured
+    faster), or a score-modifier variant (they share the plain kernels' tiles; results/score_mods.csv measures them)."""
     kind, D, config, heads = job
+    if kind == "modifiers": return True
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 
 

@@ -115,8 +115,11 @@ def _mma(a, b, acc, DOT_FP32: tl.constexpr):
 @triton.jit
 def _rows_at(src, start, stride, USE_TMA: tl.constexpr):
     "Pointers `src` moved `start` rows on; a descriptor as it is (its loads name the row)."
-    if USE_TMA: return src
-    return src + tl.cast(start, tl.int64) * stride   # `start` may be a plain 0
+    if USE_TMA:
+        moved = src
+    else:
+        moved = src + tl.cast(start, tl.int64) * stride   # `start` may be a plain 0
+    return moved
 
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, M_rows, DELTA_rows, stride_qm, stride_dom,
