@@ -165,7 +165,8 @@ def check_grads(q, k, v, causal, mods, dlse=False, tol=None):
     for name, g, ref in zip(("dq", "dk", "dv", "dsink"), grads, refs):
         assert not g.isnan().any(), f"{name} has NaN"
         err = ((g.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
-        assert err <= tol, f"{name}: relative error {err:.3g} > {tol}"
+        bound = tol * (5 if name == "dsink" else 1)   # a sink's gradient sums P_sink·Δ over all its head's rows, signs mixed
+        assert err <= bound, f"{name}: relative error {err:.3g} > {bound}"
     return o, lse, grads
 
 

@@ -53,6 +53,7 @@ def visible_pairs(n:int, window:tuple) -> int:
 @functools.lru_cache
 def flex():
     from torch.nn.attention.flex_attention import flex_attention
+    torch._functorch.config.donated_buffer = False       # its compiled backward may then run twice on one retained forward
     return torch.compile(flex_attention, dynamic=False)
 
 
