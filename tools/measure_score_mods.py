@@ -54,6 +54,8 @@ def visible_pairs(n:int, window:tuple) -> int:
 def flex():
     from torch.nn.attention.flex_attention import flex_attention
     torch._functorch.config.donated_buffer = False       # its compiled backward may then run twice on one retained forward
+    torch._dynamo.config.recompile_limit = 64             # each case's mask_mod and score_mod compile anew: past the
+    torch._dynamo.config.accumulated_recompile_limit = 512   # default limit dynamo would run FlexAttention's math fallback
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -150,13 +152,17 @@ def main():
                 print({c: rows[-1][c] for c in ("case", "op", "provider", "seqlen", "ms", "tflops", "vs_plain", "err")}, flush=True)
             del steps
             torch.cuda.empty_cache()
-    out = pathlib.Path(args.out)
+        write(rows, args.out)                                     # after every case: a later failure keeps these
+
+
+def write(rows:list, path:str):
+    out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    print(f"wrote {len(rows)} rows to {out}")
+    print(f"wrote {len(rows)} rows to {out}", flush=True)
 
 
 if __name__ == "__main__":
