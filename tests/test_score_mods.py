@@ -347,3 +347,14 @@ def test_packed_sequences_gradients():
                 assert ((g.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item() <= 2e-3, (name, b, causal)
             dsink_ref += refs[3]
         torch.testing.assert_close(dsink.double(), dsink_ref, atol=2e-3, rtol=2e-3)
+
+
+def test_gradients_with_modifiers_are_deterministic():
+    "Twice the same call, the same bits: every gradient, the sinks' included (no atomics; the sinks' sum is one reduction)."
+    B, Hq, Hkv, L, D = 2, 4, 2, 70, 32
+    q, k, v = (randn(B, h, L, D).requires_grad_() for h in (Hq, Hkv, Hkv))
+    slopes, sink = torch.rand(B, Hq, device=DEVICE), torch.randn(Hq, device=DEVICE).requires_grad_()
+    do = randn(B, Hq, L, D)
+    runs = [torch.autograd.grad(triton_fa2.attention(q, k, v, causal=True, window_size=(20, 0), softcap=5.0, alibi_slopes=slopes,
+                                                     learnable_sink=sink), (q, k, v, sink), do) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
