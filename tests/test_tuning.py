@@ -91,6 +91,30 @@ def test_a_tuned_pick_serves_later_processes(tmp_path, monkeypatch):
     assert run("rule") == dict(pick="64x64 w4 s3", timed=0)
 
 
+WRITER = """
+    import sys, warnings
+    warnings.simplefilter("error")                       # a torn entry read back would warn: fail instead
+    from triton_fa2 import tuning
+    key = ("prefill", 64, True, False, 8, 512, True, True, True, "torch.bfloat16")
+    for i in range(200):
+        tuning.save_pick(key, "cpu", f"64x{sys.argv[1]} w4 s3", {"i": i})
+        assert tuning.load_pick(key, "cpu") in ("64x16 w4 s3", "64x32 w4 s3")
+"""
+
+
+def test_two_processes_writing_one_entry_at_once(tmp_path):
+    "Two processes save and read the same entry 200 times each, at once: every read sees one whole entry, never a torn one."
+    env = dict(os.environ, TRITON_FA2_CACHE_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), n], env=env, stderr=subprocess.PIPE, text=True)
+             for n in ("16", "32")]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    (entry,) = tmp_path.rglob("*.json")                  # one entry, no temporary files left behind
+    assert json.loads(entry.read_text())["config"] in ("64x16 w4 s3", "64x32 w4 s3")
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
 def test_an_unwritable_cache_warns_once_and_tuning_still_serves(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
