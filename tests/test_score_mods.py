@@ -275,28 +275,29 @@ def test_kvcache_and_decode(paged, num_splits):
         assert (out[b:b + 1].transpose(1, 2).double() - o_ref).abs().max() <= TOL[q.dtype]
 
 
+def gpu_cases(dtype, seqlen_d64:int, alibi:str):
+    "Serving-sized inputs, D = 128 with GQA and D = 64 at an odd length, each with every modifier alone and all four at once."
+    for B, Hq, Hkv, L, D in [(2, 8, 2, 1000, 128), (1, 4, 4, seqlen_d64, 64)]:
+        q, k, v = randn(B, Hq, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype)
+        for mods in [mods_for(Hq, B, (256, 0)), mods_for(Hq, B, (100, 100)), mods_for(Hq, B, softcap=50.0),
+                     mods_for(Hq, B, alibi=alibi), mods_for(Hq, B, sink=True), mods_for(Hq, B, (256, 0), 50.0, "per head", True)]:
+            yield q, k, v, mods
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_matrix(dtype, causal):
-    "Serving-sized shapes on the GPU's own configs: each modifier alone and all four at once, D = 128 with GQA and D = 64."
-    for B, Hq, Hkv, L, D in [(2, 8, 2, 1000, 128), (1, 4, 4, 2049, 64)]:
-        q, k, v = randn(B, Hq, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype)
-        for mods in [mods_for(Hq, B, (256, 0)), mods_for(Hq, B, (100, 100)), mods_for(Hq, B, softcap=50.0),
-                     mods_for(Hq, B, alibi="per head"), mods_for(Hq, B, sink=True), mods_for(Hq, B, (256, 0), 50.0, "per head", True)]:
-            check(q, k, v, causal, mods)
+    "The forward on the GPU's own configs."
+    for q, k, v, mods in gpu_cases(dtype, 2049, "per head"): check(q, k, v, causal, mods)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gradients(dtype, causal):
-    "The backward on the GPU's own configs: each modifier alone and all four at once, D = 128 with GQA and D = 64, odd N."
-    for B, Hq, Hkv, L, D in [(2, 8, 2, 1000, 128), (1, 4, 4, 1537, 64)]:
-        q, k, v = randn(B, Hq, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype), randn(B, Hkv, L, D, dtype=dtype)
-        for mods in [mods_for(Hq, B, (256, 0)), mods_for(Hq, B, (100, 100)), mods_for(Hq, B, softcap=50.0),
-                     mods_for(Hq, B, alibi="per batch row"), mods_for(Hq, B, sink=True), mods_for(Hq, B, (256, 0), 50.0, "per head", True)]:
-            check_grads(q, k, v, causal, mods)
+    "The backward on the GPU's own configs."
+    for q, k, v, mods in gpu_cases(dtype, 1537, "per batch row"): check_grads(q, k, v, causal, mods)
 
 
 @pytest.mark.parametrize("causal", [False, True])
