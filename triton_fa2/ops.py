@@ -55,6 +55,10 @@ _attention_op = _define_operator(_OPS, "attention(Tensor q, Tensor k, Tensor v, 
 # %% ../nbs/96_ops.ipynb #17a95305
 _MODS_SCHEMA = "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, Tensor? learnable_sink=None"
 
+def _all_mods(mods) -> list:
+    "An operator's score-modifier arguments as given (any trailing ones left at their defaults), all five."
+    return list(mods) + [-1, -1, 0.0, None, None][len(mods):]
+
 def _sink_grad_buffer(q, learnable_sink):
     "Where the backward writes the sinks' gradient: float32 shaped as the sinks, or empty without them."
     return q.new_empty(learnable_sink.shape if learnable_sink is not None else (0,), dtype=torch.float32)
@@ -82,9 +86,9 @@ _attention_backward_op = _define_operator(_OPS, "attention_backward(Tensor do, T
 def _attention_setup_context(ctx, inputs, output):
     q, k, v, causal, scale, flash_layout, *mods = inputs
     o, lse = output
-    ctx.mods = (mods + [-1, -1, 0.0, None, None][len(mods):])[:3]   # window_left, window_right, softcap
-    slopes, sink = (mods + [None, None, None, None, None])[3:5]
-    ctx.save_for_backward(q, k, v, o, lse, slopes, sink)
+    mods = _all_mods(mods)
+    ctx.mods = mods[:3]                  # window_left, window_right, softcap
+    ctx.save_for_backward(q, k, v, o, lse, *mods[3:])   # alibi_slopes, learnable_sink
     ctx.causal, ctx.scale, ctx.flash_layout = causal, scale, flash_layout
 
 def _attention_grad(ctx, do, dlse):
@@ -167,7 +171,7 @@ def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.causal, ctx.scale, *paged = inputs
     if paged and paged[0] is not None:   # the public function refuses gradients of a paged K/V before this
         raise NotImplementedError("the backward of packed sequences over a paged K/V (block_table) is not implemented")
-    mods = (paged[1:] + [-1, -1, 0.0, None, None][len(paged[1:]):]) if paged else [-1, -1, 0.0, None, None]
+    mods = _all_mods(paged[1:])
     ctx.mods = mods[:3]                  # window_left, window_right, softcap
     ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, *mods[3:])
 
