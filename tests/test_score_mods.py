@@ -216,7 +216,7 @@ def test_backward_skips_tiles_outside_the_window():
     """Both passes skip the tiles no row of theirs sees: NaN in far queries and keys never reaches dq of early rows or
     dk, dv of early keys (a mask alone would let 0 · NaN through the products). Far enough for the GPU's tiles (up to 256)
     and the interpreter's (32)."""
-    L, cut, n, D = (1024, 768, 256, 16) if DEVICE == "cuda" else (256, 192, 64, 16)
+    L, cut, n, D = (1024, 768, 256, 16) if DEVICE.type == "cuda" else (256, 192, 64, 16)
     q, k, v = randn(1, 2, L, D), randn(1, 2, L, D), randn(1, 2, L, D)
     mods = mods_for(2, 1, (8, 0), sink=True)
     for t in (q, k, v): t[:, :, cut:] = float("nan")     # positions ≥ 768: outside every window of rows < 256, keys < 248
