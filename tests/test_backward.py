@@ -9,7 +9,7 @@ import torch
 
 import triton_fa2.ops as ops
 from triton_fa2.backward import attention_backward_ref
-from triton_fa2.candidates import BACKWARD, Candidate
+from triton_fa2.candidates import BACKWARD, BACKWARD_GLUON, Candidate
 from triton_fa2.dispatch import _attention_backward, _attention_forward
 from triton_fa2.interface import attention, flash_attn_func
 from triton_fa2.naive import attention_ref
@@ -223,12 +223,42 @@ def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
         for pointers in (False, True):
             monkeypatch.setattr(fwd, "_has_tma", lambda device: not pointers)   # a GPU without TMA: the pointer path
             views = (q, k, v, do)
-            for c in backward_candidates(kernel, D, pointers, smem):
+            for c in backward_candidates(kernel, D, pointers, smem, gluon=not pointers and D in BACKWARD_GLUON):
                 other = BACKWARD[("bwd_dq" if kernel == "bwd_dkdv" else "bwd_dkdv", min(max(D, 64), 256), pointers)][0]
                 configs = (c, other) if kernel == "bwd_dkdv" else (other, c)
                 check_grads(poisoned_backward(*views, causal=True, configs=configs), refs, torch.bfloat16)
                 checked += 1
     assert checked >= 10
+
+
+GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 4:1 and 8:1, one row, one key, ragged
+    (2, 8, 2, 333, 1000, True), (2, 4, 4, 1000, 333, True), (1, 8, 1, 257, 513, False), (1, 2, 2, 1, 700, True),
+    (1, 2, 2, 700, 1, False), (3, 4, 4, 64, 64, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", sorted(BACKWARD_GLUON))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_dkdv(D, dtype):
+    "Every Gluon dK/dV candidate against float64 on awkward shapes, on packed (B, L, 3·H, D) views, and bit for bit twice."
+    from triton_fa2.backward import gluon_dkdv_applies
+    for B, Hq, Hkv, Lq, Lk, causal in GLUON_DKDV_CASES:
+        q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
+        k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+        assert gluon_dkdv_applies(q, D, True), "sm_90 with Triton 3.6 runs the Gluon kernels"
+        refs = attention_backward_ref(q, k, v, do, causal=causal)
+        dq_pass = BACKWARD[("bwd_dq", D, False)][0]
+        for c in BACKWARD_GLUON[D]:
+            grads = poisoned_backward(q, k, v, do, causal, configs=(c, dq_pass))
+            check_grads(grads, refs, dtype)
+            again = poisoned_backward(q, k, v, do, causal, configs=(c, dq_pass))
+            assert all(torch.equal(a, b) for a, b in zip(grads[1:], again[1:])), f"{c.label}: not deterministic"
+    qkv = randn(2, 300, 3 * 4, D, dtype=dtype)                 # packed QKV: (B, L, H, D) views with a row stride of 3·H·D
+    q, k, v = (t.transpose(1, 2) for t in qkv.split(4, dim=2))
+    do = randn(2, 4, 300, D, dtype=dtype)
+    refs = attention_backward_ref(q, k, v, do, causal=True)
+    for c in BACKWARD_GLUON[D]:
+        check_grads(poisoned_backward(q, k, v, do, True, configs=(c, BACKWARD[("bwd_dq", D, False)][0])), refs, dtype)
 
 
 @pytest.mark.gpu

@@ -49,7 +49,7 @@ def test_rules_name_candidates_of_their_kernel():
         with pytest.MonkeyPatch.context() as m:
             m.setattr(candidates, "interpreting", lambda: False)
             offered = (candidates.prefill_candidates(r["head_dim"], False, GPU_FAMILIES[(9, 0)][1], gluon=True) if r["kernel"] == "prefill"
-                       else candidates.backward_candidates(r["kernel"], r["head_dim"], False, GPU_FAMILIES[(9, 0)][1]))
+                       else candidates.backward_candidates(r["kernel"], r["head_dim"], False, GPU_FAMILIES[(9, 0)][1], gluon=True))
         assert r["config"] in [c.label for c in offered], r
 
 

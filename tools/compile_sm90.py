@@ -137,12 +137,21 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
     return compiled.compiled[0]
 
 
+def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16):
+    "Compile the dK/dV pass in Gluon (a `gluon_dkdv` candidate) as the dispatcher launches it on an H200."
+    q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
+    k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
+    m = delta = torch.empty(B, Hq, N)
+    named, _ = bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config)
+    return compile_for_gpu(bwd._attn_bwd_dkdv_gluon, **named)
+
+
 def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
-    head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims."""
+    head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's)."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):
         for pointers in (False, True):
@@ -175,6 +184,9 @@ def shipped():
             jobs.append((f"backward {c.label} D={block_d} {path}", ("backward", block_d, config, (kernel, pointers))))
             if pointers and (c, block_d) not in candidates.VARLEN_BACKWARD_SPILLS:
                 jobs.append((f"varlen backward {c.label} D={block_d}", ("varlen_backward", block_d, config, kernel)))
+    for D, table in candidates.BACKWARD_GLUON.items():
+        for c in table:
+            jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -202,6 +214,8 @@ def compile_job(job) -> list:
     elif kind == "paged":
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
+    elif kind == "gluon_dkdv":
+        kernels = [(f"{config.label} {mask}", compile_gluon_dkdv(config, D=D, causal=mask == "causal")) for mask in ("causal", "full")]
     elif kind == "modifiers":
         kernels = [(f"{heads} with every modifier", MODIFIER_JOBS[heads](D))]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
@@ -237,6 +251,7 @@ def spill_accepted(job) -> bool:
     faster), or a score-modifier variant (they share the plain kernels' tiles; results/score_mods.csv measures them)."""
     kind, D, config, heads = job
     if kind == "modifiers": return True
+    if kind == "gluon_dkdv": return (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 
 

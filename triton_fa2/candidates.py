@@ -6,7 +6,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 
 # %% auto #0
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
-           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'VARLEN_PREFILL_SPILLS', 'BACKWARD',
+           'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'VARLEN_PREFILL_SPILLS', 'BACKWARD', 'BACKWARD_GLUON',
            'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits',
            'prefill_candidates', 'decode_candidates', 'backward_candidates']
 
@@ -22,7 +22,7 @@ import triton
 class Candidate:
     """One launch configuration of one kernel. `kernel`: "tl" (the prefill kernel of 03), "gluon" (11; with
     `WARP_SPECIALIZE`, its warp-specialised kernel), "decode" (06, whose rows per program follow from the shape, so
-    `BLOCK_M` is 0), or "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
+    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "gluon_dkdv" (the dK/dV pass in Gluon, 12). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
     kernel: str
     BLOCK_M: int
     BLOCK_N: int
@@ -32,6 +32,7 @@ class Candidate:
     P_SMEM: bool = False            # Gluon: P through shared memory, PV under the next softmax
     WARP_SPECIALIZE: bool = False   # Gluon: a loading warp and two consumer warpgroups
     PINGPONG: bool = False          # Gluon, warp-specialised: the consumers issue their products in turns
+    OVERLAP: bool = False           # Gluon dK/dV: dV's and dK's products run under the next step's P and dS
     maxnreg: int = None
 
     @property
@@ -41,6 +42,7 @@ class Candidate:
         tiles = f"{self.BLOCK_M}x{self.BLOCK_N}"
         if self.kernel == "tl": return f"{tiles} w{self.num_warps} s{self.num_stages}"
         if self.kernel.startswith("bwd"): return f"{self.kernel[4:]} {tiles} w{self.num_warps} s{self.num_stages}"
+        if self.kernel == "gluon_dkdv": return f"gluon dkdv {tiles} w{self.num_warps} s{self.num_stages}" + (" overlap" if self.OVERLAP else "")
         if self.WARP_SPECIALIZE: return f"gluon ws {tiles} s{self.num_stages}" + (" pingpong" if self.PINGPONG else "")
         return f"gluon {tiles} w{self.num_warps} s{self.num_stages}" + (" qreg" if self.Q_IN_REGS else "") + (" psmem" if self.P_SMEM else "")
 
@@ -151,6 +153,10 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dq", 256, False): _BWD("bwd_dq", (128, 32, 8, 2), (64, 64, 8, 2), (32, 32, 4, 2)),
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
 }
+# The dK/dV pass in Gluon on sm_90 (12), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
+# pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them
+BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
+                  128: (Candidate("gluon_dkdv", 64, 128, 8, 2), Candidate("gluon_dkdv", 32, 64, 4, 2))}
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
@@ -161,7 +167,8 @@ VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (C
 # and fails on any other
 BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, d in (
     ("bwd_dkdv", (32, 128, 4, 3), 64), ("bwd_dkdv", (32, 64, 4, 3), 128), ("bwd_dkdv", (64, 128, 8, 2), 128),
-    ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))})
+    ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))}) | {
+    (BACKWARD_GLUON[128][0], 128)}   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
@@ -174,10 +181,13 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         pointers:bool,      # tiles through pointers (unaligned views, no TMA)
                         smem_limit:int,     # the device's shared memory per block
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
+                        gluon:bool=False,   # the dK/dV pass in Gluon may run (`backward.gluon_dkdv_applies`): its candidates first
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
     block_d = min(max(triton.next_power_of_2(head_dim), 64), 256)
     table = [c for c in BACKWARD[(kernel, block_d, pointers or varlen)] if not varlen or (c, block_d) not in VARLEN_BACKWARD_SPILLS]
     kept = [c for c in table if _backward_smem_bytes(c, block_d) <= smem_limit]
-    return kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]
+    kept = kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]
+    if gluon and kernel == "bwd_dkdv" and not (pointers or varlen): kept = list(BACKWARD_GLUON.get(head_dim, ())) + kept
+    return kept

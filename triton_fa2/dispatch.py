@@ -308,7 +308,8 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
                 pick = _PICKS.get(key)
                 if pick is None or (key not in _TUNED and tuning_requested()):
                     rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
-                    pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run, rule)
+                    gluon = kernel == "bwd_dkdv" and _backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
+                    pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon), run, rule)
             run(pick)
             picks.append(pick)
         _WARM.add(signature)
