@@ -231,9 +231,41 @@ def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
     assert checked >= 10
 
 
-GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 4:1 and 8:1, one row, one key, ragged
+def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch):
+    "The dK/dV pass's Gluon pick failing at run time: one warning, the `tl` pass's gradients, never an error in the call."
+    import warnings
+    import triton_fa2.backward as bwd
+    import triton_fa2.dispatch as dispatch
+    import triton_fa2.gluon as gluon
+    q, k, v, do = (randn(1, 2, 40, 64) for _ in range(4))
+    refs = attention_backward_ref(q, k, v, do, causal=True)
+    monkeypatch.setattr(dispatch, "_PICKS", {})
+    poisoned_backward(q, k, v, do, True)                                  # chooses: the `tl` pass's pick for this key
+    (key,) = [key for key in dispatch._PICKS if key[0] == "bwd_dkdv"]
+    gluon_pick = BACKWARD_GLUON[64][0]
+    monkeypatch.setitem(dispatch._PICKS, key, gluon_pick)                 # as if the Gluon pass had won the choice
+    monkeypatch.setattr(gluon, "_DISABLED", [])
+    monkeypatch.setattr(bwd, "gluon_dkdv_applies", lambda *args: not gluon._DISABLED)
+    def broken(*args): raise RuntimeError("a Gluon API this code does not know")
+    monkeypatch.setattr(bwd, "_launch_dkdv_gluon", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            check_grads(poisoned_backward(q, k, v, do, True), refs, torch.float16)
+            assert dispatch._PICKS[key].kernel == "bwd_dkdv"
+    messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
+    assert len(messages) == 1 and f"{gluon_pick.label} failed (RuntimeError" in messages[0], messages
+
+
+def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
+    q, k, v, do = (randn(1, 2, 40, 64) for _ in range(4))
+    with pytest.raises(ValueError, match="runs only on sm_90 with Gluon"):
+        poisoned_backward(q, k, v, do, True, configs=(BACKWARD_GLUON[64][0], None))
+
+
+GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 4:1 and 8:1, one row, three keys, ragged
     (2, 8, 2, 333, 1000, True), (2, 4, 4, 1000, 333, True), (1, 8, 1, 257, 513, False), (1, 2, 2, 1, 700, True),
-    (1, 2, 2, 700, 1, False), (3, 4, 4, 64, 64, True)]
+    (1, 2, 2, 700, 3, False), (3, 4, 4, 64, 64, True)]
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""FlashAttention-2's Algorithm 2 in Triton: the gradients derived from the forward, P recomputed from the saved log-sum-exp instead of stored, a program per K/V block for dK and dV and a second pass for dQ, so that no gradient needs an atomic and every run gives the same bits; causal skipping and GQA as in the forward.
+"""FlashAttention-2's Algorithm 2 in Triton: the gradients derived from the forward, P recomputed from the saved log-sum-exp instead of stored, a program per K/V block for dK and dV and a second pass for dQ, so that no gradient needs an atomic and every run gives the same bits; causal skipping and GQA as in the forward; on Hopper, the dK/dV pass again in Gluon, its products' operands where wgmma wants them.
 
 Docs: https://triton-fa2.github.io/triton_fa2/backward.html.md"""
 
