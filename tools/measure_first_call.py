@@ -4,8 +4,8 @@ Three situations, each a new Python process per shape, in this order:
   fresh      Triton's compile cache and the tuning cache both empty (a new machine or container)
   warm       Triton's compile cache as the `fresh` processes left it; the tuning cache empty (a new process)
   tuned      a `warmup(..., tune=True)` process has run for the shape first (its time is the `tuning` row); then a new process
-Each process times `import triton_fa2`, the first call, a second call (GPU time, synchronised), and the first call of
-one more shape (a new length in the same process).
+Each process times `import triton_fa2`, the first call, a second call (GPU time, synchronised), and the first calls of
+two more shapes in the same process: a new length (the same kernel) and a new head dim (a kernel compiled anew).
 
     python tools/measure_first_call.py [--out results/first_call.csv] [--commit abc1234] [--shape 1,2,64,32,1 ...]
 """
@@ -32,8 +32,11 @@ first, _ = timed(lambda: triton_fa2.attention(q, k, v, causal=causal))
 second, _ = timed(lambda: triton_fa2.attention(q, k, v, causal=causal))
 q2, k2, v2 = (t[:, :, : N - 37] for t in (q, k, v))
 other, _ = timed(lambda: triton_fa2.attention(q2, k2, v2, causal=causal))
+D2 = 64 if D != 64 else 128                                  # a new head dim: a kernel this process has not compiled
+q3, k3, v3 = (torch.randn(B, H, N, D2, device=device, dtype=torch.bfloat16) for _ in range(3))
+new_dim, _ = timed(lambda: triton_fa2.attention(q3, k3, v3, causal=causal))
 from triton_fa2 import dispatch
-print(json.dumps(dict(import_s=t_import, first_s=first, second_s=second, new_length_s=other,
+print(json.dumps(dict(import_s=t_import, first_s=first, second_s=second, new_length_s=other, new_head_dim_s=new_dim,
                       configs=sorted({c.label for c in dispatch._PICKS.values()}))))
 """
 
@@ -70,7 +73,7 @@ def main(argv=None):
             rows.append(dict(situation="tuning", shape=str(shape), first_s=t["tuning_s"], configs=[t["config"]])); print(rows[-1], flush=True)
             r = child(shape, fresh_triton, tuning_cache)
             rows.append(dict(situation="tuned", shape=str(shape), **r)); print(rows[-1], flush=True)
-    fields = ["situation", "shape", "import_s", "first_s", "second_s", "new_length_s", "configs", *meta]
+    fields = ["situation", "shape", "import_s", "first_s", "second_s", "new_length_s", "new_head_dim_s", "configs", *meta]
     out = pathlib.Path(a.out)
     with out.open("w", newline="") as f:
         w = csv.DictWriter(f, fields)
