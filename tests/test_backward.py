@@ -234,9 +234,9 @@ def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
 def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch):
     "The dK/dV pass's Gluon pick failing at run time: one warning, the `tl` pass's gradients, never an error in the call."
     import warnings
-    import triton_fa2.backward as bwd
     import triton_fa2.dispatch as dispatch
     import triton_fa2.gluon as gluon
+    import triton_fa2.gluon_backward as gluon_bwd
     q, k, v, do = (randn(1, 2, 40, 64) for _ in range(4))
     refs = attention_backward_ref(q, k, v, do, causal=True)
     monkeypatch.setattr(dispatch, "_PICKS", {})
@@ -245,9 +245,9 @@ def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch
     gluon_pick = BACKWARD_GLUON[64][0]
     monkeypatch.setitem(dispatch._PICKS, key, gluon_pick)                 # as if the Gluon pass had won the choice
     monkeypatch.setattr(gluon, "_DISABLED", [])
-    monkeypatch.setattr(bwd, "gluon_dkdv_applies", lambda *args: not gluon._DISABLED)
+    monkeypatch.setattr(gluon_bwd, "gluon_dkdv_applies", lambda *args: not gluon._DISABLED)
     def broken(*args): raise RuntimeError("a Gluon API this code does not know")
-    monkeypatch.setattr(bwd, "_launch_dkdv_gluon", broken)
+    monkeypatch.setattr(gluon_bwd, "launch_dkdv", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
@@ -273,7 +273,7 @@ GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gluon_dkdv(D, dtype):
     "Every Gluon dK/dV candidate against float64 on awkward shapes, on packed (B, L, 3·H, D) views, and bit for bit twice."
-    from triton_fa2.backward import gluon_dkdv_applies
+    from triton_fa2.gluon_backward import gluon_dkdv_applies
     for B, Hq, Hkv, Lq, Lk, causal in GLUON_DKDV_CASES:
         q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
         k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)

@@ -242,3 +242,22 @@ def test_gpu_the_pick_and_its_saved_launch(monkeypatch):
     dispatch._PICKS.clear(); dispatch._PLANS.clear()
     attention(q, k, v, causal=True)
     assert all(c.kernel == "tl" for c in dispatch._PICKS.values())
+
+
+def test_the_package_works_where_gluon_cannot_be_loaded():
+    """Our Gluon modules failing to import (a Triton whose Gluon API they do not know): the package imports, and the forward
+    and backward run on the `tl` kernels; no other module may import them."""
+    import subprocess, sys, textwrap
+    code = textwrap.dedent('''
+        import sys
+        sys.modules["triton_fa2.gluon"] = None                     # importing it raises ImportError
+        import torch, triton_fa2
+        from triton_fa2 import dispatch
+        assert dispatch._gluon is None and dispatch._gluon_backward is None
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        q, k, v = (torch.randn(1, 2, 40, 32, device=device, dtype=torch.float16, requires_grad=True) for _ in range(3))
+        triton_fa2.attention(q, k, v, causal=True).float().sum().backward()
+        assert all(t.grad is not None and not t.grad.isnan().any() for t in (q, k, v))
+        print("ok")''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -13,6 +13,7 @@ os.environ["TRITON_INTERPRET"] = "0"          # compile, do not interpret (trito
 import argparse, concurrent.futures, contextlib, csv, datetime, hashlib, json, re, sys, traceback
 import torch, triton
 import triton_fa2.backward as bwd
+import triton_fa2.gluon_backward as gluon_bwd
 import triton_fa2.forward as fwd
 import triton_fa2.split_kv as split_kv
 import triton_fa2.varlen as varlen
@@ -142,8 +143,8 @@ def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dty
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
-    named, _ = bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config)
-    return compile_for_gpu(bwd._attn_bwd_dkdv_gluon, **named)
+    named, _ = gluon_bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config)
+    return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_gluon, **named)
 
 
 def shipped():

@@ -27,9 +27,11 @@ from .validation import _capability
 
 # %% ../nbs/94_dispatch.ipynb #55c3d0d5
 _GLUON_MISSING = []                                     # why the Gluon kernels could not be loaded, until said once
-try: from triton_fa2 import gluon as _gluon             # notebook 11: the loop in Gluon, more candidates on sm_90
+try:                                                    # notebooks 11 and 15: the loops in Gluon, more candidates on sm_90
+    from triton_fa2 import gluon as _gluon
+    from triton_fa2 import gluon_backward as _gluon_backward
 except Exception as e:                                  # a Triton without Gluon, or with a Gluon API it does not know
-    _gluon = None
+    _gluon = _gluon_backward = None
     _GLUON_MISSING.append(f"the Gluon kernels for sm_90 could not be loaded ({type(e).__name__}: {str(e)[:200]})")
 
 # %% ../nbs/94_dispatch.ipynb #8f53e128
@@ -297,9 +299,10 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
         smem = _max_smem(q.device.index) if q.is_cuda else 0
         if dsink is not None and mods is not None and mods.learnable_sink is not None:
             dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=1))
-        passes = (("bwd_dkdv", lambda c: _backward.launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)),
+        dkdv = lambda c: _gluon_backward.launch_dkdv if c.kernel == "gluon_dkdv" else _backward.launch_dkdv
+        passes = (("bwd_dkdv", lambda c: dkdv(c)(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)),
                   ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods)))
-        gluon = _backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
+        gluon = _gluon_backward is not None and _gluon_backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
         picks = []
         for i, (kernel, run) in enumerate(passes):
             pick = configs[i] if configs is not None else None

@@ -71,7 +71,7 @@ def cache_dir() -> pathlib.Path:
     if os.environ.get("TRITON_FA2_CACHE_DIR"): return pathlib.Path(os.environ["TRITON_FA2_CACHE_DIR"]).expanduser()
     return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "triton_fa2"
 
-_KERNEL_SOURCES = ("forward", "split_kv", "backward", "gluon", "candidates")   # what a config's speed depends on
+_KERNEL_SOURCES = ("forward", "split_kv", "backward", "gluon", "gluon_backward", "candidates")   # what a config's speed depends on
 
 @functools.lru_cache
 def _source_hash() -> str:
