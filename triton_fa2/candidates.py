@@ -22,7 +22,7 @@ import triton
 class Candidate:
     """One launch configuration of one kernel. `kernel`: "tl" (the prefill kernel of 03), "gluon" (11; with
     `WARP_SPECIALIZE`, its warp-specialised kernel), "decode" (06, whose rows per program follow from the shape, so
-    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "gluon_dkdv" (the dK/dV pass in Gluon, 12). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
+    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "gluon_dkdv" (the dK/dV pass in Gluon, 15). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
     kernel: str
     BLOCK_M: int
     BLOCK_N: int
@@ -153,7 +153,7 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dq", 256, False): _BWD("bwd_dq", (128, 32, 8, 2), (64, 64, 8, 2), (32, 32, 4, 2)),
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
 }
-# The dK/dV pass in Gluon on sm_90 (12), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
+# The dK/dV pass in Gluon on sm_90 (15), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
 # pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them
 BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
                   128: (Candidate("gluon_dkdv", 64, 128, 8, 2), Candidate("gluon_dkdv", 32, 64, 4, 2))}
@@ -181,7 +181,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         pointers:bool,      # tiles through pointers (unaligned views, no TMA)
                         smem_limit:int,     # the device's shared memory per block
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
-                        gluon:bool=False,   # the dK/dV pass in Gluon may run (`backward.gluon_dkdv_applies`): its candidates first
+                        gluon:bool=False,   # the dK/dV pass in Gluon may run (`gluon_backward.gluon_dkdv_applies`): its candidates first
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
