@@ -223,7 +223,7 @@ def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
         for pointers in (False, True):
             monkeypatch.setattr(fwd, "_has_tma", lambda device: not pointers)   # a GPU without TMA: the pointer path
             views = (q, k, v, do)
-            for c in backward_candidates(kernel, D, pointers, smem, gluon=not pointers and ("bwd_dkdv", D) in BACKWARD_GLUON):
+            for c in backward_candidates(kernel, D, pointers, smem, gluon=not pointers and D in BACKWARD_GLUON):
                 other = BACKWARD[("bwd_dq" if kernel == "bwd_dkdv" else "bwd_dkdv", min(max(D, 64), 256), pointers)][0]
                 configs = (c, other) if kernel == "bwd_dkdv" else (other, c)
                 check_grads(poisoned_backward(*views, causal=True, configs=configs), refs, torch.bfloat16)
@@ -231,9 +231,8 @@ def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
     assert checked >= 10
 
 
-@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq"])
-def test_a_gluon_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch, kernel):
-    "A pass's Gluon pick failing at run time: one warning, the `tl` pass's gradients, never an error in the call."
+def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch):
+    "The dK/dV pass's Gluon pick failing at run time: one warning, the `tl` pass's gradients, never an error in the call."
     import warnings
     import triton_fa2.dispatch as dispatch
     import triton_fa2.gluon as gluon
@@ -242,61 +241,56 @@ def test_a_gluon_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch, ker
     refs = attention_backward_ref(q, k, v, do, causal=True)
     monkeypatch.setattr(dispatch, "_PICKS", {})
     poisoned_backward(q, k, v, do, True)                                  # chooses: the `tl` pass's pick for this key
-    (key,) = [key for key in dispatch._PICKS if key[0] == kernel]
-    gluon_pick = BACKWARD_GLUON[(kernel, 64)][0]
+    (key,) = [key for key in dispatch._PICKS if key[0] == "bwd_dkdv"]
+    gluon_pick = BACKWARD_GLUON[64][0]
     monkeypatch.setitem(dispatch._PICKS, key, gluon_pick)                 # as if the Gluon pass had won the choice
     monkeypatch.setattr(gluon, "_DISABLED", [])
-    monkeypatch.setattr(gluon_bwd, "gluon_backward_applies", lambda *args: not gluon._DISABLED)
+    monkeypatch.setattr(gluon_bwd, "gluon_dkdv_applies", lambda *args: not gluon._DISABLED)
     def broken(*args): raise RuntimeError("a Gluon API this code does not know")
-    monkeypatch.setattr(gluon_bwd, "launch_" + kernel[4:], broken)
+    monkeypatch.setattr(gluon_bwd, "launch_dkdv", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
             check_grads(poisoned_backward(q, k, v, do, True), refs, torch.float16)
-            assert dispatch._PICKS[key].kernel == kernel
+            assert dispatch._PICKS[key].kernel == "bwd_dkdv"
     messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
     assert len(messages) == 1 and f"{gluon_pick.label} failed (RuntimeError" in messages[0], messages
 
 
-def test_a_gluon_config_where_it_cannot_run_is_refused():
+def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
     q, k, v, do = (randn(1, 2, 40, 64) for _ in range(4))
     with pytest.raises(ValueError, match="runs only on sm_90 with Gluon"):
-        poisoned_backward(q, k, v, do, True, configs=(BACKWARD_GLUON[("bwd_dkdv", 64)][0], None))
-    with pytest.raises(ValueError, match="runs only on sm_90 with Gluon"):
-        poisoned_backward(q, k, v, do, True, configs=(BACKWARD[("bwd_dkdv", 64, False)][0], BACKWARD_GLUON[("bwd_dq", 64)][0]))
+        poisoned_backward(q, k, v, do, True, configs=(BACKWARD_GLUON[64][0], None))
 
 
-GLUON_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 4:1 and 8:1, one row, three keys, ragged
+GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 4:1 and 8:1, one row, three keys, ragged
     (2, 8, 2, 333, 1000, True), (2, 4, 4, 1000, 333, True), (1, 8, 1, 257, 513, False), (1, 2, 2, 1, 700, True),
     (1, 2, 2, 700, 3, False), (3, 4, 4, 64, 64, True)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", sorted(BACKWARD_GLUON))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_gluon_passes(D, dtype):
-    """Every Gluon candidate of each pass (the other pass the `tl` one, then both in Gluon) against float64 on awkward
-    shapes, on packed (B, L, 3·H, D) views, and bit for bit twice."""
-    from triton_fa2.gluon_backward import gluon_backward_applies
-    dkdv, dq = BACKWARD_GLUON[("bwd_dkdv", D)], BACKWARD_GLUON[("bwd_dq", D)]
-    tl_dkdv, tl_dq = BACKWARD[("bwd_dkdv", D, False)][0], BACKWARD[("bwd_dq", D, False)][0]
-    pairs = [(c, tl_dq) for c in dkdv] + [(tl_dkdv, c) for c in dq] + [(dkdv[0], dq[0])]
-    for B, Hq, Hkv, Lq, Lk, causal in GLUON_CASES:
+def test_gpu_gluon_dkdv(D, dtype):
+    "Every Gluon dK/dV candidate against float64 on awkward shapes, on packed (B, L, 3·H, D) views, and bit for bit twice."
+    from triton_fa2.gluon_backward import gluon_dkdv_applies
+    for B, Hq, Hkv, Lq, Lk, causal in GLUON_DKDV_CASES:
         q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
         k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
-        assert gluon_backward_applies(q, D, True), "sm_90 with Triton 3.6 runs the Gluon kernels"
+        assert gluon_dkdv_applies(q, D, True), "sm_90 with Triton 3.6 runs the Gluon kernels"
         refs = attention_backward_ref(q, k, v, do, causal=causal)
-        for configs in pairs:
-            grads = poisoned_backward(q, k, v, do, causal, configs=configs)
+        dq_pass = BACKWARD[("bwd_dq", D, False)][0]
+        for c in BACKWARD_GLUON[D]:
+            grads = poisoned_backward(q, k, v, do, causal, configs=(c, dq_pass))
             check_grads(grads, refs, dtype)
-            again = poisoned_backward(q, k, v, do, causal, configs=configs)
-            assert all(torch.equal(a, b) for a, b in zip(grads, again)), f"{configs}: not deterministic"
+            again = poisoned_backward(q, k, v, do, causal, configs=(c, dq_pass))
+            assert all(torch.equal(a, b) for a, b in zip(grads[1:], again[1:])), f"{c.label}: not deterministic"
     qkv = randn(2, 300, 3 * 4, D, dtype=dtype)                 # packed QKV: (B, L, H, D) views with a row stride of 3·H·D
     q, k, v = (t.transpose(1, 2) for t in qkv.split(4, dim=2))
     do = randn(2, 4, 300, D, dtype=dtype)
     refs = attention_backward_ref(q, k, v, do, causal=True)
-    for configs in pairs:
-        check_grads(poisoned_backward(q, k, v, do, True, configs=configs), refs, dtype)
+    for c in BACKWARD_GLUON[D]:
+        check_grads(poisoned_backward(q, k, v, do, True, configs=(c, BACKWARD[("bwd_dq", D, False)][0])), refs, dtype)
 
 
 @pytest.mark.gpu

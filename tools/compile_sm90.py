@@ -138,14 +138,11 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
     return compiled.compiled[0]
 
 
-def compile_gluon_backward(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16):
-    "Compile a backward pass in Gluon (a `gluon_dkdv` or `gluon_dq` candidate) as the dispatcher launches it on an H200."
+def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16):
+    "Compile the dK/dV pass in Gluon (a `gluon_dkdv` candidate) as the dispatcher launches it on an H200."
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
-    if config.kernel == "gluon_dq":
-        named, _ = gluon_bwd._dq_gluon_arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, config)
-        return compile_for_gpu(gluon_bwd._attn_bwd_dq_gluon, **named)
     named, _ = gluon_bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config)
     return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_gluon, **named)
 
@@ -188,9 +185,9 @@ def shipped():
             jobs.append((f"backward {c.label} D={block_d} {path}", ("backward", block_d, config, (kernel, pointers))))
             if pointers and (c, block_d) not in candidates.VARLEN_BACKWARD_SPILLS:
                 jobs.append((f"varlen backward {c.label} D={block_d}", ("varlen_backward", block_d, config, kernel)))
-    for (_, D), table in candidates.BACKWARD_GLUON.items():
+    for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
-            jobs.append((f"backward {c.label} D={D}", ("gluon_backward", D, c, None)))
+            jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -218,8 +215,8 @@ def compile_job(job) -> list:
     elif kind == "paged":
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
-    elif kind == "gluon_backward":
-        kernels = [(f"{config.label} {mask}", compile_gluon_backward(config, D=D, causal=mask == "causal")) for mask in ("causal", "full")]
+    elif kind == "gluon_dkdv":
+        kernels = [(f"{config.label} {mask}", compile_gluon_dkdv(config, D=D, causal=mask == "causal")) for mask in ("causal", "full")]
     elif kind == "modifiers":
         kernels = [(f"{heads} with every modifier", MODIFIER_JOBS[heads](D))]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
@@ -255,7 +252,7 @@ def spill_accepted(job) -> bool:
     faster), or a score-modifier variant (they share the plain kernels' tiles; results/score_mods.csv measures them)."""
     kind, D, config, heads = job
     if kind == "modifiers": return True
-    if kind == "gluon_backward": return (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
+    if kind == "gluon_dkdv": return (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 
 

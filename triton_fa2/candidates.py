@@ -22,8 +22,7 @@ import triton
 class Candidate:
     """One launch configuration of one kernel. `kernel`: "tl" (the prefill kernel of 03), "gluon" (11; with
     `WARP_SPECIALIZE`, its warp-specialised kernel), "decode" (06, whose rows per program follow from the shape, so
-    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "gluon_dkdv" and "gluon_dq" (the two passes in
-    Gluon, 15). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
+    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "gluon_dkdv" (the dK/dV pass in Gluon, 15). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
     kernel: str
     BLOCK_M: int
     BLOCK_N: int
@@ -33,7 +32,7 @@ class Candidate:
     P_SMEM: bool = False            # Gluon: P through shared memory, PV under the next softmax
     WARP_SPECIALIZE: bool = False   # Gluon: a loading warp and two consumer warpgroups
     PINGPONG: bool = False          # Gluon, warp-specialised: the consumers issue their products in turns
-    OVERLAP: bool = False           # Gluon backward: a step's last products run under the next step's P and dS
+    OVERLAP: bool = False           # Gluon dK/dV: dV's and dK's products run under the next step's P and dS
     maxnreg: int = None
 
     @property
@@ -43,8 +42,7 @@ class Candidate:
         tiles = f"{self.BLOCK_M}x{self.BLOCK_N}"
         if self.kernel == "tl": return f"{tiles} w{self.num_warps} s{self.num_stages}"
         if self.kernel.startswith("bwd"): return f"{self.kernel[4:]} {tiles} w{self.num_warps} s{self.num_stages}"
-        if self.kernel.startswith("gluon_"):
-            return f"gluon {self.kernel[6:]} {tiles} w{self.num_warps} s{self.num_stages}" + (" overlap" if self.OVERLAP else "")
+        if self.kernel == "gluon_dkdv": return f"gluon dkdv {tiles} w{self.num_warps} s{self.num_stages}" + (" overlap" if self.OVERLAP else "")
         if self.WARP_SPECIALIZE: return f"gluon ws {tiles} s{self.num_stages}" + (" pingpong" if self.PINGPONG else "")
         return f"gluon {tiles} w{self.num_warps} s{self.num_stages}" + (" qreg" if self.Q_IN_REGS else "") + (" psmem" if self.P_SMEM else "")
 
@@ -155,17 +153,10 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dq", 256, False): _BWD("bwd_dq", (128, 32, 8, 2), (64, 64, 8, 2), (32, 32, 4, 2)),
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
 }
-# The backward's passes in Gluon on sm_90 (15), (pass, head dim) → candidates, fastest first on the H200
-# (`lab/data/backward_gluon_dkdv_h200.log`, `lab/data/backward_gluon_dq_h200.log`): dK/dV with BLOCK_N keys per program,
-# dQ with BLOCK_M rows, a warpgroup per 64 of them
-_GLUON = lambda kernel, *configs: tuple(Candidate(kernel, m, n, w, s, OVERLAP=o) for m, n, w, s, o in configs)
-BACKWARD_GLUON = {
-    ("bwd_dkdv", 64): _GLUON("gluon_dkdv", (64, 64, 4, 2, True), (64, 64, 4, 2, False)),
-    ("bwd_dkdv", 128): _GLUON("gluon_dkdv", (64, 128, 8, 2, False), (32, 64, 4, 2, False)),
-    ("bwd_dq", 64): _GLUON("gluon_dq", (128, 64, 8, 2, True), (128, 64, 8, 2, False), (64, 128, 4, 2, True), (128, 128, 8, 2, True)),
-    ("bwd_dq", 128): _GLUON("gluon_dq", (128, 64, 8, 2, True), (128, 64, 8, 2, False), (128, 64, 8, 3, True), (64, 64, 4, 2, True),
-                            (128, 128, 8, 2, False)),
-}
+# The dK/dV pass in Gluon on sm_90 (15), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
+# pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them
+BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
+                  128: (Candidate("gluon_dkdv", 64, 128, 8, 2), Candidate("gluon_dkdv", 32, 64, 4, 2))}
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
@@ -177,12 +168,12 @@ VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (C
 BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, d in (
     ("bwd_dkdv", (32, 128, 4, 3), 64), ("bwd_dkdv", (32, 64, 4, 3), 128), ("bwd_dkdv", (64, 128, 8, 2), 128),
     ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))}) | {
-    (BACKWARD_GLUON[("bwd_dkdv", 128)][0], 128)}   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
+    (BACKWARD_GLUON[128][0], 128)}   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
     buffers of the two it streams (Q and dO, or K and V)."""
-    kept, streamed = (c.BLOCK_N, c.BLOCK_M) if c.kernel.endswith("dkdv") else (c.BLOCK_M, c.BLOCK_N)
+    kept, streamed = (c.BLOCK_N, c.BLOCK_M) if c.kernel == "bwd_dkdv" else (c.BLOCK_M, c.BLOCK_N)
     return itemsize * block_d * 2 * (kept + streamed * max(c.num_stages, 1))
 
 def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
@@ -190,7 +181,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         pointers:bool,      # tiles through pointers (unaligned views, no TMA)
                         smem_limit:int,     # the device's shared memory per block
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
-                        gluon:bool=False,   # the passes in Gluon may run (`gluon_backward.gluon_backward_applies`): their candidates first
+                        gluon:bool=False,   # the dK/dV pass in Gluon may run (`gluon_backward.gluon_dkdv_applies`): its candidates first
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
@@ -198,5 +189,5 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
     table = [c for c in BACKWARD[(kernel, block_d, pointers or varlen)] if not varlen or (c, block_d) not in VARLEN_BACKWARD_SPILLS]
     kept = [c for c in table if _backward_smem_bytes(c, block_d) <= smem_limit]
     kept = kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]
-    if gluon and not (pointers or varlen): kept = list(BACKWARD_GLUON.get((kernel, head_dim), ())) + kept
+    if gluon and kernel == "bwd_dkdv" and not (pointers or varlen): kept = list(BACKWARD_GLUON.get(head_dim, ())) + kept
     return kept

@@ -299,15 +299,15 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
         smem = _max_smem(q.device.index) if q.is_cuda else 0
         if dsink is not None and mods is not None and mods.learnable_sink is not None:
             dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=1))
-        module = lambda c: _gluon_backward if c.kernel.startswith("gluon") else _backward   # each pass, either kernel
-        passes = (("bwd_dkdv", lambda c: module(c).launch_dkdv(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)),
-                  ("bwd_dq", lambda c: module(c).launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods)))
-        gluon = _gluon_backward is not None and _gluon_backward.gluon_backward_applies(q, D, use_tma, mods, causal)
+        dkdv = lambda c: _gluon_backward.launch_dkdv if c.kernel == "gluon_dkdv" else _backward.launch_dkdv
+        passes = (("bwd_dkdv", lambda c: dkdv(c)(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)),
+                  ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods)))
+        gluon = _gluon_backward is not None and _gluon_backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
         picks = []
         for i, (kernel, run) in enumerate(passes):
             pick = configs[i] if configs is not None else None
             if pick is not None:                               # a test's candidate: its failure is what the test is for
-                if pick.kernel.startswith("gluon") and not gluon:
+                if pick.kernel == "gluon_dkdv" and not gluon:
                     raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128 "
                                      "without a window, softcap or ALiBi")
                 run(pick)
@@ -316,14 +316,13 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, *flags, str(q.dtype),
                    str(q.device))
             pick = _PICKS.get(key)
-            if pick is None or (pick.kernel.startswith("gluon") and not gluon) or (key not in _TUNED and tuning_requested()):
+            if pick is None or (pick.kernel == "gluon_dkdv" and not gluon) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon), run, rule)
             try: run(pick)
             except Exception as e:
-                if not pick.kernel.startswith("gluon"): raise
+                if pick.kernel != "gluon_dkdv": raise
                 _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
-                gluon = False                                  # for the other pass too
                 del _PICKS[key]                                # the `tl` pass's own pick serves from now on
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run)
                 run(pick)
