@@ -90,9 +90,11 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.mods = mods[:3]                  # window_left, window_right, softcap
     ctx.save_for_backward(q, k, v, o, lse, *mods[3:])   # alibi_slopes, learnable_sink
     ctx.causal, ctx.scale, ctx.flash_layout = causal, scale, flash_layout
+    ctx.set_materialize_grads(False)     # an LSE the loss never used has no gradient: no zeros filled and read for it
 
 def _attention_grad(ctx, do, dlse):
     q, k, v, o, lse, slopes, sink = ctx.saved_tensors
+    if do is None: do = torch.zeros_like(o)                               # only the LSE was used
     if ctx.flash_layout: o, do = o.transpose(1, 2), do.transpose(1, 2)   # (B, Lq, Hq, D) outputs, as (B, Hq, Lq, D) views
     dq, dk, dv, dsink = _attention_backward_op(do, q, k, v, o, lse, dlse, ctx.causal, ctx.scale, *ctx.mods, slopes, sink)
     return dq, dk, dv, None, None, None, None, None, None, None, dsink if sink is not None else None
