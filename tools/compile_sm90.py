@@ -134,7 +134,8 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
                             mods=all_mods(Hq, mods))
     else:
         with offline(bwd, "_attn_bwd_dq") as (compiled,):
-            bwd.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, c, use_tma=not pointers, mods=all_mods(Hq, mods))
+            bwd.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, c, use_tma=not pointers, mods=all_mods(Hq, mods),
+                          preprocess=(torch.empty_like(q), m, None))   # as the dispatcher launches it: M and Δ computed first
     return compiled.compiled[0]
 
 

@@ -50,6 +50,18 @@ def attention_backward_ref(q:torch.Tensor,     # (B, Hq, Lq, D)
     return dq, fold(dk), fold(dv)
 
 # %% ../nbs/12_backward.ipynb #8e70bd76
+@triton.jit
+def _delta_and_m(o, do, LSE, DLSE, DELTA, M, at, row_ok, HAS_DLSE: tl.constexpr):
+    """For the rows of the tiles o and dO: Δ = rowsum(dO ∘ O) − dLSE, and M = LSE · log2(e), +∞ where the row saw no key
+    or lies past Lq (not `row_ok`); stored at `at` and returned. The preprocessing kernel's step, and the dQ pass's."""
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE: delta -= tl.load(DLSE + at, mask=row_ok, other=0.0)
+    lse = tl.load(LSE + at, mask=row_ok, other=float("-inf"))
+    m = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)   # log2(e)
+    tl.store(DELTA + at, delta, mask=row_ok)
+    tl.store(M + at, m, mask=row_ok)
+    return delta, m
+
 @triton.jit(do_not_specialize=["num_heads", "seqlen_q"])
 def _attn_bwd_preprocess(O, DO, LSE, DLSE, DELTA, M,   # o, do (B, H, Lq, D) any strides; lse, dlse, delta, m (B, H, Lq) contiguous
                          stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
@@ -65,13 +77,7 @@ def _attn_bwd_preprocess(O, DO, LSE, DLSE, DELTA, M,   # o, do (B, H, Lq, D) any
                    rows, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
     do = _load_rows(DO + off_z * stride_doz + off_h * stride_doh + rows[:, None].to(tl.int64) * stride_dom + offs_d[None, :],
                     rows, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    row_ok = rows < seqlen_q
-    at = off_zh.to(tl.int64) * seqlen_q + rows
-    if HAS_DLSE: delta -= tl.load(DLSE + at, mask=row_ok, other=0.0)
-    lse = tl.load(LSE + at, mask=row_ok, other=0.0)
-    tl.store(DELTA + at, delta, mask=row_ok)
-    tl.store(M + at, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), mask=row_ok)   # log2(e)
+    _delta_and_m(o, do, LSE, DLSE, DELTA, M, off_zh.to(tl.int64) * seqlen_q + rows, rows < seqlen_q, HAS_DLSE)
 
 # %% ../nbs/12_backward.ipynb #1198799f
 PREPROCESS_BLOCK_M = 64   # rows per program of the preprocessing kernel: it streams O and dO once, any tile does
@@ -317,16 +323,19 @@ def _attn_bwd_dq_runs(dq, q, do, m, delta, k_src, v_src, stride_kn, stride_vn, o
 
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
 def _attn_bwd_dq(Q, K, V, DO, DQ, M, DELTA,           # q, k, v, do, dq (B, H, L, D) any strides; m, delta (B, Hq, Lq)
+                 O, LSE, DLSE,                         # with PREPROCESS: o as q; lse, dlse (B, Hq, Lq), M and Δ computed from them
                  stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
-                 stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
+                 stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm, stride_oz, stride_oh, stride_om,
                  num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                  window_left, window_right, softcap_scale, softcap_log2, SLOPES, stride_slopes_z,   # score modifiers (14)
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, DOT_FP32: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  USE_TMA: tl.constexpr,                    # K and V are tensor descriptors
-                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
+                 WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
+                 PREPROCESS: tl.constexpr = False, HAS_DLSE: tl.constexpr = False):
     """A program per (Q block, batch, query head): dQ of its rows over the keys they see, with the forward's bounds.
-    Every element is written by one program: no atomics, the same bits on every run."""
+    Every element is written by one program: no atomics, the same bits on every run. With PREPROCESS, the program first
+    computes its rows' Δ and M (`_delta_and_m`) and stores them for the dK/dV pass, which then runs after it."""
     start_m, off_zh = _program_block(tl.program_id(0), tl.cdiv(seqlen_q, BLOCK_M), CAUSAL)
     off_z = (off_zh // num_heads_q).to(tl.int64)
     off_h = (off_zh % num_heads_q).to(tl.int64)
@@ -340,8 +349,13 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, M, DELTA,           # q, k, v, do, dq (B, H, L
     do = _load_rows(DO + off_z * stride_doz + off_h * stride_doh + q_rows * stride_dom + offs_d[None, :], offs_m, seqlen_q,
                     offs_d, HEAD_DIM, BLOCK_D, True)
     at = off_zh.to(tl.int64) * seqlen_q + offs_m
-    m = tl.load(M + at, mask=offs_m < seqlen_q, other=float("inf"))
-    delta = tl.load(DELTA + at, mask=offs_m < seqlen_q, other=0.0)
+    if PREPROCESS:                                           # the rows' O tile, read once here instead of by a kernel of its own
+        o = _load_rows(O + off_z * stride_oz + off_h * stride_oh + q_rows * stride_om + offs_d[None, :], offs_m, seqlen_q,
+                       offs_d, HEAD_DIM, BLOCK_D, True)
+        delta, m = _delta_and_m(o, do, LSE, DLSE, DELTA, M, at, offs_m < seqlen_q, HAS_DLSE)
+    else:
+        m = tl.load(M + at, mask=offs_m < seqlen_q, other=float("inf"))
+        delta = tl.load(DELTA + at, mask=offs_m < seqlen_q, other=0.0)
     slope_log2, _, _ = _rows_start(0.0, 0.0, SLOPES, stride_slopes_z, SLOPES, off_z, tl.zeros([BLOCK_M], dtype=tl.int64) + off_h,
                                    ALIBI, False)
     if USE_TMA:
@@ -394,21 +408,25 @@ def launch_dkdv(q, k, v, do, dk, dv,        # (B, H, L, D) views; dk, dv shaped 
 
 # %% ../nbs/12_backward.ipynb #3a248b82
 def launch_dq(q, k, v, do, dq,              # (B, H, L, D) views; dq shaped as q
-              m, delta,                     # (B, Hq, Lq) float32 from `launch_preprocess`
+              m, delta,                     # (B, Hq, Lq) float32 from `launch_preprocess`, or written here (`preprocess`)
               causal:bool, scale:float,
               candidate:Candidate,          # a "bwd_dq" candidate: BLOCK_M (query rows per program), BLOCK_N (keys per step)
               use_tma:bool=False,           # K and V through tensor descriptors (16-byte aligned views)
               mods:ScoreMods=None,          # sliding window, softcap, ALiBi (14); a sink needs nothing here
+              preprocess:tuple=None,        # (o, lse, dlse or None): compute M and Δ into m, delta first (`launch_preprocess`'s)
              ):
-    "Launch `_attn_bwd_dq` once: dQ into dq."
+    "Launch `_attn_bwd_dq` once: dQ into dq (and with `preprocess`, each row's M and Δ into m, delta for the dK/dV pass)."
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     block_d = max(triton.next_power_of_2(D), 16)
     grid = triton.cdiv(Lq, candidate.BLOCK_M) * B * Hq
-    strides = [s for t in (q, k, v, do, dq) for s in t.stride()[:3]]
+    o, lse, dlse = preprocess if preprocess is not None else (dq, m, None)   # unread without PREPROCESS
+    strides = [s for t in (q, k, v, do, dq, o) for s in t.stride()[:3]]
     dot_fp32 = _dot_in_fp32(q.dtype)
     k, v = _tma_views((k, v), candidate.BLOCK_N, block_d, use_tma)
-    if grid: _attn_bwd_dq[(grid,)](q, k, v, do, dq, m, delta, *strides, Hq, Hq // Hkv, Lq, Lk, scale, scale * LOG2E,
+    if grid: _attn_bwd_dq[(grid,)](q, k, v, do, dq, m, delta, o, lse, lse if dlse is None else dlse, *strides, Hq, Hq // Hkv, Lq, Lk,
+                                   scale, scale * LOG2E,
                                    *_mod_args(mods, causal, scale, Lq, Lk, m.device)[:6], **_backward_mod_flags(mods, causal),
                                    HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32,
-                                   BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **candidate.launch_options)
+                                   BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma,
+                                   PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None, **candidate.launch_options)

@@ -292,26 +292,25 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
     flags = () if mods is None else tuple(_backward._backward_mod_flags(mods, causal).values())
     signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs, flags)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        delta, m = _backward.launch_preprocess(o, do, lse, dlse)
+        delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)   # each row's Δ and M: the dQ pass writes them
+        m = torch.empty_like(delta)
         if _forward._has_tma(q.device):   # a view TMA cannot address is copied once: each pass then streams it through TMA
             q, k, v, do = (t if _forward._descriptors_fit(t) else t.contiguous() for t in (q, k, v, do))
         use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
-        if dsink is not None and mods is not None and mods.learnable_sink is not None:
-            dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=1))
         dkdv = lambda c: _gluon_backward.launch_dkdv if c.kernel == "gluon_dkdv" else _backward.launch_dkdv
-        passes = (("bwd_dkdv", lambda c: dkdv(c)(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)),
-                  ("bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods)))
+        passes = ((1, "bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods, (o, lse, dlse))),
+                  (0, "bwd_dkdv", lambda c: dkdv(c)(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)))   # reads Δ, M
         gluon = _gluon_backward is not None and _gluon_backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
-        picks = []
-        for i, (kernel, run) in enumerate(passes):
+        picks = [None, None]
+        for i, kernel, run in passes:
             pick = configs[i] if configs is not None else None
             if pick is not None:                               # a test's candidate: its failure is what the test is for
                 if pick.kernel == "gluon_dkdv" and not gluon:
                     raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128 "
                                      "without a window, softcap or ALiBi")
                 run(pick)
-                picks.append(pick)
+                picks[i] = pick
                 continue
             key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, *flags, str(q.dtype),
                    str(q.device))
@@ -326,7 +325,9 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
                 del _PICKS[key]                                # the `tl` pass's own pick serves from now on
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run)
                 run(pick)
-            picks.append(pick)
+            picks[i] = pick
+        if dsink is not None and mods is not None and mods.learnable_sink is not None:
+            dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=1))
         _WARM.add(signature)
     return tuple(picks)
 
