@@ -110,6 +110,20 @@ def test_gradient_of_the_lse_too():
     check_grads([q.grad, k.grad, v.grad], refs, torch.float16)
 
 
+@pytest.mark.parametrize("flash_layout", [False, True])
+def test_a_loss_of_the_lse_alone(flash_layout):
+    "Autograd hands no gradient for an output the loss never used (neither O's nor the LSE's is filled with zeros)."
+    q, k, v = (randn(1, 4, 33, 32).requires_grad_() for _ in range(3))
+    w = randn(1, 4, 33, dtype=torch.float32)
+    if flash_layout:
+        _, lse, _ = flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, return_attn_probs=True)
+    else: _, lse = attention(q, k, v, causal=True, return_lse=True)
+    (lse * w).sum().backward()
+    refs = autograd_ref(q, k, v, lambda o, lse: (lse * w.double()).sum(), causal=True)
+    check_grads([q.grad, k.grad], refs[:2], torch.float16)
+    assert refs[2] is None and v.grad is not None and (v.grad == 0).all()   # the LSE does not depend on V
+
+
 def test_flash_layout_packed_qkv_and_a_custom_scale():
     "flash_attn_func on q, k, v sliced from one (B, L, 3·H, D) buffer: its gradient lands in that buffer, in its dtype."
     qkv = randn(2, 37, 3 * 4, 64).requires_grad_()
