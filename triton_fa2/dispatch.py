@@ -161,9 +161,9 @@ def _forget_launches():
     _PLANS.clear(); _DECODE_PLANS.clear(); _WARM.clear()
 
 # %% ../nbs/94_dispatch.ipynb #3cac53e8
-def _gluon_applies(q, head_dim:int, use_tma:bool, pack:bool, fixed_max:bool) -> bool:
+def _gluon_applies(q, head_dim:int, use_tma:bool, pack:bool, fixed_max:bool, mods=None) -> bool:
     "Whether the Gluon kernels may run this call (`gluon.applies`); where they could not be loaded, sm_90 says so once."
-    if _gluon is not None: return _gluon.applies(q, head_dim, use_tma, pack, fixed_max)
+    if _gluon is not None: return _gluon.applies(q, head_dim, use_tma, pack, fixed_max, mods)
     if _GLUON_MISSING and q.is_cuda and _capability(q.device) == (9, 0):
         warnings.warn(f"triton_fa2: {_GLUON_MISSING.pop()}; the `tl` kernel runs instead (correct results, slower on sm_90)", stacklevel=4)
     return False
@@ -172,7 +172,7 @@ def _launch_prefill(q, k, v, o, lse, causal:bool, scale:float, candidate:Candida
                     mods=None):
     "Launch one prefill candidate on the inputs' device; returns what a saved launch needs (`forward.launch`)."
     with torch.cuda.device(lse.device) if lse.is_cuda else contextlib.nullcontext():
-        if candidate.kernel == "gluon": return _gluon.launch(q, k, v, o, lse, causal, scale, candidate)
+        if candidate.kernel == "gluon": return _gluon.launch(q, k, v, o, lse, causal, scale, candidate, mods)
         return _forward.launch(q, k, v, o, lse, causal, scale, candidate, pack_gqa=pack, use_tma=use_tma, fixed_max=fixed_max,
                                mods=mods)
 
@@ -181,7 +181,8 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
                        use_tma:bool=None, fixed_max:bool=True, mods=None) -> Candidate:
     """Attention of (B, H, L, D) views into o (B, Hq, Lq, D) and contiguous lse (B, Hq, Lq); returns the candidate launched.
     `config` bypasses the choice; `pack_gqa`, `use_tma` left at None are decided here; `fixed_max=False` runs the plain
-    online softmax. `mods`: the score modifiers of 14 (`forward.ScoreMods`), which only the `tl` kernel runs, or None."""
+    online softmax. `mods`: the score modifiers of 14 (`forward.ScoreMods`), or None; the Gluon kernels take softcap, ALiBi
+    and sinks, the `tl` kernel every one (a sliding window too)."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq * Lq == 0: return config
@@ -209,13 +210,13 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
     fits = not pack and _forward._descriptors_fit(q, k, v, o)
     if use_tma is None: use_tma = fits and _forward._has_tma(q.device)
     elif use_tma and not fits: raise ValueError("use_tma needs unpacked rows and 16-byte aligned (B, H, L, D) views")
-    if mods is not None: fixed_max = False              # the score modifiers run the online softmax, on the `tl` kernel only
-    gluon_ok = mods is None and _gluon_applies(q, D, use_tma, pack, fixed_max)
+    gluon_ok = _gluon_applies(q, D, use_tma, pack, fixed_max, mods)   # softcap, ALiBi, sinks: with the fixed maximum (11)
+    if mods is not None: fixed_max = False              # the `tl` kernel runs the score modifiers with its online softmax
     run = lambda c: _launch_prefill(q, k, v, o, lse, causal, scale, c, pack, use_tma, fixed_max, mods)
     if config is not None:                              # a test's candidate: its failure is what the test is for
-        if config.kernel == "gluon" and not gluon_ok:
+        if config.kernel == "gluon" and not (gluon_ok and _gluon.takes(config, mods)):
             raise ValueError(f"{config.label} runs only on sm_90 with Gluon, through TMA views of unpacked rows, "
-                             "for D 64 or 128 with the fixed maximum")
+                             "for D 64 or 128 with the fixed maximum and without a sliding window (ALiBi: not the ws kernel)")
         run(config)
         return config
     flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())   # the device stays last
@@ -224,7 +225,8 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
     if pick is None or (pick.kernel == "gluon" and not gluon_ok) or (key not in _TUNED and tuning_requested()):
         smem = _max_smem(lse.device.index) if lse.is_cuda else 0
         rule = rule_config("prefill", _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda and not pack else None
-        pick = _choose(key, prefill_candidates(D, not use_tma, smem, gluon=gluon_ok), run, rule)
+        candidates = [c for c in prefill_candidates(D, not use_tma, smem, gluon=gluon_ok) if c.kernel != "gluon" or _gluon.takes(c, mods)]
+        pick = _choose(key, candidates, run, rule)
     try: launched = run(pick)
     except Exception as e:
         if pick.kernel != "gluon": raise
