@@ -153,7 +153,8 @@ def shipped():
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
-    head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's)."""
+    head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's),
+    the forward's also with every score modifier it takes (`gluon.takes`), causal and not."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):
         for pointers in (False, True):
@@ -192,6 +193,7 @@ def shipped():
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
+            jobs.append((f"modifiers {c.label} D={D}", ("gluon_modifiers", D, c, None)))   # softcap, ALiBi, sinks: no spill
     for D in (64, 128, 256):                                   # every score modifier at once, on each kernel that takes them
         for kernel in ("forward", "pointers", "varlen", "decode", "bwd_dkdv", "bwd_dq", "varlen_bwd_dkdv", "varlen_bwd_dq"):
             jobs.append((f"modifiers {kernel} D={D}", ("modifiers", D, None, kernel)))
@@ -218,6 +220,9 @@ def compile_job(job) -> list:
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     elif kind == "gluon_dkdv":
         kernels = [(f"{config.label} {mask}", compile_gluon_dkdv(config, D=D, causal=mask == "causal")) for mask in ("causal", "full")]
+    elif kind == "gluon_modifiers":
+        kernels = [(f"{config.label} {mask} with every modifier it takes",
+                    gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=gluon._all_mods(32, config))) for mask in ("causal", "full")]
     elif kind == "modifiers":
         kernels = [(f"{heads} with every modifier", MODIFIER_JOBS[heads](D))]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
@@ -250,7 +255,8 @@ def _try(job):
 
 def spill_accepted(job) -> bool:
     """Whether a job may spill: a backward tile kept although it does (`candidates.BACKWARD_SPILLS_ACCEPTED`, measured
-    faster), or a score-modifier variant (they share the plain kernels' tiles; results/score_mods.csv measures them)."""
+    faster), or a score-modifier variant of a `tl` kernel (they share the plain kernels' tiles; results/score_mods.csv
+    measures them). The Gluon forward kernels with modifiers (`gluon_modifiers`) may not spill."""
     kind, D, config, heads = job
     if kind == "modifiers": return True
     if kind == "gluon_dkdv": return (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
