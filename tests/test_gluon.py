@@ -2,8 +2,9 @@
 candidate compiled for sm_90 (no spill, no register touched under a running wgmma), the hazard scan itself, and the
 dispatch in `_attention_forward` with a stand-in kernel. GPU (H200): every candidate against float64 on odd shapes, the
 fixed maximum's overflow fallback, GQA, Lq ≠ Lk, flash-attn's strided layout, a negative scale, the dispatcher's pick
-and its saved launch.
+and its saved launch; softcap, ALiBi and sinks (chapter 14) in every candidate, on CPU where the dispatcher sends them.
 """
+import itertools
 import os
 import pytest
 import torch
@@ -11,8 +12,9 @@ import torch
 import triton_fa2.dispatch as dispatch
 from triton_fa2 import gluon
 from triton_fa2.candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, WARP_SPECIALIZED_HEAD_DIMS, Candidate
-from triton_fa2.gluon import applies, sm90_reports, wgmma_hazards
+from triton_fa2.gluon import applies, sm90_reports, takes, wgmma_hazards
 from triton_fa2.interface import attention
+from triton_fa2.score_mods import ScoreMods
 
 CANDIDATES = PREFILL_GLUON
 GluonConfig = lambda BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=4, **flags: Candidate("gluon", BLOCK_M, BLOCK_N, num_warps, STAGES, **flags)
@@ -20,6 +22,7 @@ head_dims = lambda c: WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else GLUON
 from triton_fa2.naive import attention_ref
 from test_attention import LSE_TOL, TOL, errors, randn
 from test_tma import check_path
+from test_score_mods import TOL as MOD_TOL, mods_for, reference as mods_reference
 
 on_h100_class = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -105,7 +108,7 @@ def test_the_dispatch_runs_a_gluon_pick_and_refuses_it_where_it_cannot_run(monke
     with pytest.raises(ValueError, match="runs only on sm_90"):
         dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=config)
     launched = []
-    def stand_in(q, k, v, o, lse, causal, scale, config):
+    def stand_in(q, k, v, o, lse, causal, scale, config, mods=None):
         launched.append(config); o.copy_(attention_ref(q, k, v, causal=causal, scale=scale)[0]); return None, 1, [], []
     monkeypatch.setattr(gluon, "applies", lambda *args: True)
     monkeypatch.setattr(gluon, "launch", stand_in)
@@ -175,6 +178,60 @@ def test_gluon_that_cannot_be_loaded_is_said_once_on_sm90(monkeypatch):
         warnings.simplefilter("always")
         assert not dispatch._gluon_applies(q, 128, True, False, True) and not dispatch._gluon_applies(q, 128, True, False, True)
     assert len(caught) == 1 and "could not be loaded (ImportError: x)" in str(caught[0].message)
+
+# Each score modifier the Gluon kernels take, alone and all three (`mods_for`'s arguments); a window stays on the `tl` kernel
+GLUON_MODS = {"softcap": dict(softcap=3.0), "alibi per head": dict(alibi="per head"),
+              "alibi per batch row": dict(alibi="per batch row"), "sinks": dict(sink=True),
+              "all three": dict(softcap=3.0, alibi="per batch row", sink=True)}
+
+
+def test_the_dispatcher_takes_softcap_alibi_and_sinks_to_gluon_and_windows_to_tl(monkeypatch):
+    """As on an H200 (`usable` says yes): `applies` agrees with what it said before the modifiers for every call without a
+    window, says no with one; the dispatcher asks it with the fixed maximum the Gluon kernels keep, hands the modifiers to
+    `gluon.launch`, refuses a Gluon config with a window by name, and still runs every call it ran before (the `tl` kernel
+    here, the interpreter having no Gluon candidates) with the right result."""
+    q = randn(2, 4, 100, 64)                       # GQA 2:1 below, its rows unpacked (100 rows fill blocks well)
+    monkeypatch.setattr(gluon, "usable", lambda q: True)
+    with_mods = [None, *(mods_for(4, 2, **m) for m in GLUON_MODS.values())]
+    windows = [mods_for(4, 2, (8, 0)), mods_for(4, 2, (16, 16), **GLUON_MODS["all three"])]
+    for D in (32, 64, 96, 128, 256):
+        for use_tma, pack, fixed_max in itertools.product((False, True), repeat=3):
+            before = use_tma and not pack and fixed_max and D in GLUON_HEAD_DIMS        # `applies` before the modifiers
+            assert all(applies(q, D, use_tma, pack, fixed_max, m) == before for m in with_mods)
+            assert not any(applies(q, D, use_tma, pack, fixed_max, m) for m in windows)
+    asked, launched, real_applies = [], [], gluon.applies
+    monkeypatch.setattr(gluon, "applies", lambda *args: asked.append(args) or real_applies(*args))
+    def stand_in(q, k, v, o, lse, causal, scale, config, mods=None):
+        launched.append(mods); o.copy_(mods_reference(q, k, v, causal, mods or ScoreMods())[0]); return None, 1, [], []
+    monkeypatch.setattr(gluon, "launch", stand_in)
+    k, v = randn(2, 2, 120, 64), randn(2, 2, 120, 64)
+    for mods in with_mods + windows:
+        o, lse = torch.empty_like(q), torch.empty(2, 4, 100, device=q.device)
+        window = mods is not None and mods.window_size != (-1, -1)
+        if window:
+            with pytest.raises(ValueError, match="without a sliding window"):
+                dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig(), mods=mods)
+        else:
+            dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig(), mods=mods)
+            assert launched[-1] is mods and asked[-1][4] is True and asked[-1][5] is mods   # asked with the fixed maximum
+            if mods is not None and mods.alibi_slopes is not None:                           # the ws kernel: not with ALiBi
+                ws = next(c for c in CANDIDATES if c.WARP_SPECIALIZE)
+                with pytest.raises(ValueError, match="ALiBi: not the ws kernel"):
+                    dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=ws, mods=mods)
+        o.fill_(float("nan"))
+        assert dispatch._attention_forward(q, k, v, o, lse, True, 0.125, mods=mods).kernel == "tl"
+        o_ref, _ = mods_reference(q, k, v, True, mods or ScoreMods())
+        assert not o.isnan().any() and (o.double() - o_ref).abs().max() <= MOD_TOL[q.dtype]
+
+
+@pytest.mark.parametrize("D, causal, dtype", [(128, True, torch.bfloat16), (64, False, torch.float16)])
+def test_every_candidate_compiles_for_sm90_with_score_modifiers(D, causal, dtype):
+    "Every modifier each candidate takes, at once (`takes`): nothing spilled, no register touched under a running wgmma."
+    candidates = [c for c in CANDIDATES if D in head_dims(c)]
+    for config, r in zip(candidates, sm90_reports(candidates, D, causal, dtype, mods=True)):
+        assert r["stack_bytes"] == 0 and r["registers"] <= 255 and r["hazards"] == 0, r
+        assert r["waits_leaving_one"] == (4 if config.WARP_SPECIALIZE else int(config.P_SMEM)), r   # the same overlap
+
 
 def check_gluon(q, k, v, causal, config, scale=None):
     "`check_path` with a Gluon config: poisoned outputs in flash-attn's strided layout, o and lse against float64."
@@ -261,3 +318,48 @@ def test_the_package_works_where_gluon_cannot_be_loaded():
         print("ok")''')
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def check_gluon_mods(q, k, v, causal, config, mods):
+    """A Gluon config with score modifiers: poisoned outputs in flash-attn's strided layout, o and lse against float64
+    (`test_score_mods.reference`), NaN never passing, −∞ LSE exactly where a row sees nothing (and no sink)."""
+    B, Hq, Lq, D = q.shape
+    o = torch.full((B, Lq, Hq, D), float("nan"), device=q.device, dtype=q.dtype).transpose(1, 2)
+    lse = torch.full((B, Hq, Lq), float("nan"), device=q.device)
+    dispatch._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, mods=mods)
+    o_ref, lse_ref = mods_reference(q, k, v, causal, mods)
+    where = f"{config.label} {tuple(q.shape)} Lk={k.shape[2]} Hkv={k.shape[1]}"
+    assert not o.isnan().any() and not lse.isnan().any(), f"{where}: an element left unwritten, or NaN produced"
+    err = (o.double() - o_ref).abs().max().item() / max(1.0, o_ref.abs().max().item())
+    assert err <= MOD_TOL[q.dtype], f"{where}: max error {err:.3g} > {MOD_TOL[q.dtype]}"
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-5, rtol=2e-5, msg=lambda m: f"{where}: {m}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("modifiers", list(GLUON_MODS))
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_every_candidate_with_score_modifiers(modifiers, causal, dtype):
+    """Every Gluon candidate with softcap, ALiBi (per head, per batch row; the one-warpgroup kernel's, `takes`) and sinks,
+    alone and all three, on the plain test's odd shapes (one partial block, Lq ≠ Lk both ways, GQA 4:1): without the causal mask ALiBi's blocks run online
+    from their diagonal (`_key_plan`), rows past Lk see no key (O = 0; LSE −∞, or the sink)."""
+    for B, Hq, Hkv, Lq, Lk, D in GPU_SHAPES[:5]:
+        q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+        mods = mods_for(Hq, B, **GLUON_MODS[modifiers])
+        for config in CANDIDATES:
+            if takes(config, mods): check_gluon_mods(q, k, v, causal, config, mods)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_overflow_with_modifiers_redoes_from_the_sink(dtype):
+    "Key 0 far above every row's diagonal, gentle ALiBi slopes and sinks: P overflows, and the redo starts from the sink again."
+    q = randn(2, 2, 512, 128, dtype=dtype).abs()
+    k, v = randn(2, 2, 512, 128, dtype=dtype), randn(2, 2, 512, 128, dtype=dtype)
+    k[:, :, 0] = 30.0
+    mods = ScoreMods(alibi_slopes=torch.full((2,), 0.01, device=q.device), learnable_sink=torch.randn(2, device=q.device))
+    for causal in (True, False):
+        for config in CANDIDATES:   # the ws kernel: the sink alone (`takes`)
+            check_gluon_mods(q, k, v, causal, config, mods if takes(config, mods) else mods._replace(alibi_slopes=None))
