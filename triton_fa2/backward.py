@@ -9,6 +9,7 @@ __all__ = ['PREPROCESS_BLOCK_M', 'attention_backward_ref', 'launch_preprocess', 
 
 # %% ../nbs/12_backward.ipynb #6c1f933d
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+import inspect
 import torch
 import triton
 import triton.language as tl
@@ -386,13 +387,18 @@ def _backward_mod_flags(mods:ScoreMods, causal:bool) -> dict:
     del flags["SINK"]
     return flags
 
+_DKDV_ARGS, _DQ_ARGS = (list(inspect.signature(f.fn).parameters) for f in (_attn_bwd_dkdv, _attn_bwd_dq))
+_DKDV_PER_CALL = ("Q", "K", "V", "DO", "DK", "DV", "M", "DELTA", "scale", "qk_scale")   # launch_dkdv's tensors, then the scale
+_DQ_PER_CALL = ("Q", "K", "V", "DO", "DQ", "M", "DELTA", "O", "LSE", "DLSE", "scale", "qk_scale")   # launch_dq's, `preprocess`'s
+
 def launch_dkdv(q, k, v, do, dk, dv,        # (B, H, L, D) views; dk, dv shaped as k, v
                 m, delta,                   # (B, Hq, Lq) float32 from `launch_preprocess`
                 causal:bool, scale:float,
                 candidate:Candidate,        # a "bwd_dkdv" candidate: BLOCK_M (query rows per step), BLOCK_N (keys per program)
                 use_tma:bool=False,         # Q and dO through tensor descriptors (16-byte aligned views)
                 mods:ScoreMods=None,        # sliding window, softcap, ALiBi (14); a sink needs nothing here
-               ):
+               ) -> tuple:                  # (compiled kernel, grid size, every argument in order, the kernel's parameter names,
+                                            #  those of the arguments a saved launch gives anew: q … delta, scale, qk_scale)
     "Launch `_attn_bwd_dkdv` once: dK and dV (summed over each GQA group) into dk, dv."
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -401,10 +407,12 @@ def launch_dkdv(q, k, v, do, dk, dv,        # (B, H, L, D) views; dk, dv shaped 
     strides = [s for t in (q, k, v, do, dk, dv) for s in t.stride()[:3]]
     dot_fp32 = _dot_in_fp32(q.dtype)
     q, do = _tma_views((q, do), candidate.BLOCK_M, block_d, use_tma)
-    if grid: _attn_bwd_dkdv[(grid,)](q, k, v, do, dk, dv, m, delta, *strides, Hq, Hq // Hkv, Lq, Lk, scale, scale * LOG2E,
-                                     *_mod_args(mods, causal, scale, Lq, Lk, m.device)[:6], **_backward_mod_flags(mods, causal),
-                                     HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32,
-                                     BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **candidate.launch_options)
+    args = [q, k, v, do, dk, dv, m, delta, *strides, Hq, Hq // Hkv, Lq, Lk, scale, scale * LOG2E,
+            *_mod_args(mods, causal, scale, Lq, Lk, m.device)[:6]]
+    constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32, BLOCK_M=candidate.BLOCK_M,
+                     BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **_backward_mod_flags(mods, causal))
+    compiled = _attn_bwd_dkdv[(grid,)](*args, **constants, **candidate.launch_options) if grid else None
+    return compiled, grid, args + [constants[n] for n in _DKDV_ARGS[len(args):]], _DKDV_ARGS, _DKDV_PER_CALL
 
 # %% ../nbs/12_backward.ipynb #3a248b82
 def launch_dq(q, k, v, do, dq,              # (B, H, L, D) views; dq shaped as q
@@ -414,7 +422,7 @@ def launch_dq(q, k, v, do, dq,              # (B, H, L, D) views; dq shaped as q
               use_tma:bool=False,           # K and V through tensor descriptors (16-byte aligned views)
               mods:ScoreMods=None,          # sliding window, softcap, ALiBi (14); a sink needs nothing here
               preprocess:tuple=None,        # (o, lse, dlse or None): compute M and Δ into m, delta first (`launch_preprocess`'s)
-             ):
+             ) -> tuple:                    # as `launch_dkdv`'s; given anew: q … delta, o, lse, dlse (lse where None), the scale
     "Launch `_attn_bwd_dq` once: dQ into dq (and with `preprocess`, each row's M and Δ into m, delta for the dK/dV pass)."
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -424,9 +432,10 @@ def launch_dq(q, k, v, do, dq,              # (B, H, L, D) views; dq shaped as q
     strides = [s for t in (q, k, v, do, dq, o) for s in t.stride()[:3]]
     dot_fp32 = _dot_in_fp32(q.dtype)
     k, v = _tma_views((k, v), candidate.BLOCK_N, block_d, use_tma)
-    if grid: _attn_bwd_dq[(grid,)](q, k, v, do, dq, m, delta, o, lse, lse if dlse is None else dlse, *strides, Hq, Hq // Hkv, Lq, Lk,
-                                   scale, scale * LOG2E,
-                                   *_mod_args(mods, causal, scale, Lq, Lk, m.device)[:6], **_backward_mod_flags(mods, causal),
-                                   HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32,
-                                   BLOCK_M=candidate.BLOCK_M, BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma,
-                                   PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None, **candidate.launch_options)
+    args = [q, k, v, do, dq, m, delta, o, lse, lse if dlse is None else dlse, *strides, Hq, Hq // Hkv, Lq, Lk, scale, scale * LOG2E,
+            *_mod_args(mods, causal, scale, Lq, Lk, m.device)[:6]]
+    constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, DOT_FP32=dot_fp32, BLOCK_M=candidate.BLOCK_M,
+                     BLOCK_N=candidate.BLOCK_N, USE_TMA=use_tma, **_backward_mod_flags(mods, causal),
+                     PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None)
+    compiled = _attn_bwd_dq[(grid,)](*args, **constants, **candidate.launch_options) if grid else None
+    return compiled, grid, args + [constants[n] for n in _DQ_ARGS[len(args):]], _DQ_ARGS, _DQ_PER_CALL

@@ -11,6 +11,7 @@ __all__ = ['gluon_dkdv_applies', 'launch_dkdv']
 # A module of its own: the dispatcher imports it as it imports `gluon` (11), and where Gluon cannot be loaded the `tl`
 # passes of 12 serve alone
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before any kernel is defined
+import inspect
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -195,10 +196,14 @@ def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:floa
                  num_warps=c.num_warps)
     return named, triton.cdiv(Lk, c.BLOCK_N) * B * Hkv
 
-def launch_dkdv(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, use_tma:bool=True, mods=None):
+_DKDV_GLUON_ARGS = list(inspect.signature(_attn_bwd_dkdv_gluon.fn).parameters)
+_DKDV_GLUON_PER_CALL = ("q_desc", "k_desc", "v_desc", "do_desc", "DK", "DV", "M", "DELTA", "scale", "qk_scale")   # as the `tl` pass's
+
+def launch_dkdv(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, use_tma:bool=True, mods=None) -> tuple:
     """Launch `_attn_bwd_dkdv_gluon` once (where `gluon_dkdv_applies`), called with `backward.launch_dkdv`'s arguments so
-    that the dispatcher runs either the same way."""
+    that the dispatcher runs either the same way; returns what that returns, from which a saved launch is built ([95](95_launch.ipynb))."""
     if candidate.num_warps != 4 * candidate.BLOCK_N // 64:
         raise ValueError(f"{candidate.label}: the Gluon dK/dV pass runs a warpgroup (4 warps) per 64 keys")
     named, grid = _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate)
-    if grid: _attn_bwd_dkdv_gluon[(grid,)](**named)
+    compiled = _attn_bwd_dkdv_gluon[(grid,)](**named) if grid else None
+    return compiled, grid, [named[n] for n in _DKDV_GLUON_ARGS], _DKDV_GLUON_ARGS, _DKDV_GLUON_PER_CALL
