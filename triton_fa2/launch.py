@@ -50,6 +50,13 @@ def _plan_key(q, k, v, o, lse, causal:bool, scale:float) -> tuple:
             causal, scale > 0, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0,
             o.data_ptr() % 16 == 0, lse.data_ptr() % 16 == 0)
 
+def _backward_plan_key(do, q, k, v, o, lse, dlse, dq, dk, dv, m, delta, causal:bool, scale:float) -> tuple:
+    """Everything Triton specialises the backward's two launches on, except the data pointers: each tensor's shape,
+    strides, dtype and 16-byte alignment (the gradients' and the M and Δ buffers' too), the device, the flags."""
+    tensors = (do, q, k, v, o, lse, dq, dk, dv, m, delta) + (() if dlse is None else (dlse,))
+    return (tuple((t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors), q.device, causal, scale > 0,
+            dlse is None)
+
 def _decode_plan_key(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, scale:float, num_splits:int) -> tuple:
     "Everything a decode launch depends on but the data: shapes, strides, dtype, device, options, 16-byte alignment."
     tensors = (q, k_cache, v_cache, o, lse) + (() if cache_seqlens is None else (cache_seqlens,))
@@ -123,6 +130,72 @@ class _DecodeLaunch:
         for (raw, fixed, grid, rest), tensors in zip(self.launches, ((q, k_cache, v_cache, o_part, lse_part, seqlens),
                                                                      (o_part, lse_part, o, lse))):
             raw(*grid, stream, *fixed, *tensors, *rest)
+
+# %% ../nbs/95_launch.ipynb #b17af677
+def _is_descriptor(a) -> bool:
+    "A tensor descriptor, the `tl` kernels' or Gluon's: a base tensor and a box."
+    return hasattr(a, "block_shape") and hasattr(a, "base")
+
+class _SavedLaunch:
+    """One launch of a compiled kernel through Triton's C launcher alone, with new values for some arguments. Built from
+    a launch Triton made: `kernel`, its compiled kernel; `grid`, the grid's size; `args`, every argument of the kernel
+    in signature order (tensors, descriptors, scalars, constexprs); `names`, the kernel's parameter names; `per_call`,
+    the names of the arguments each call gives anew, in the order it gives them: a tensor for a tensor or a descriptor
+    (the descriptor's tensor; shape, strides and box stay the launch's), a number for a scalar. Valid for calls with the
+    same plan key."""
+    def __init__(self, kernel, grid:int, args:list, names:list, per_call:tuple):
+        raw, self.fixed = _c_launch(kernel)
+        given = [names.index(n) for n in per_call]
+        descriptors = [i for i, a in enumerate(args) if _is_descriptor(a)]
+        if len(args) != len(names) or not set(descriptors) <= set(given):
+            raise ValueError("an argument list this launch cannot replay")
+        encodings = {}
+        if descriptors:    # Triton wraps its C launcher in a Python function that encodes every descriptor per launch
+            from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+            cells = dict(zip(raw.__code__.co_freevars, raw.__closure__ or ()))
+            meta = getattr(kernel.metadata, "tensordesc_meta", None)
+            if "launcher" not in cells or not meta or len(meta) != len(descriptors) or any(m["fp4_padded"] for m in meta):
+                raise ValueError("a launcher this code does not know")
+            raw = cells["launcher"].cell_contents
+            self.encode = triton.runtime.driver.active.utils.fill_tma_descriptor
+            encodings = {i: (m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"],
+                             list(args[i].shape), list(args[i].strides), int(args[i].padding == "nan"))
+                         for i, m in zip(descriptors, meta)}
+        self.args, at = [], {}    # the C launcher's arguments after the fixed ones; a descriptor as (map, shape, strides)
+        for i, a in enumerate(args):
+            at[i] = len(self.args)
+            self.args += [None, *a.shape, *a.strides] if i in encodings else [None if i in given else a]
+        self.slots = tuple((at[i], encodings.get(i)) for i in given)   # where each given value goes; how to encode it
+        tensors = [a.base if _is_descriptor(a) else a for a in (args[i] for i in given)]
+        self.device = next(t for t in tensors if isinstance(t, torch.Tensor)).device.index
+        self.raw, self.grid, self.stream = raw, (grid, 1, 1), triton.runtime.driver.active.get_current_stream
+        self.tensor_maps = {}     # (given value's index, data pointer) → encoded map
+
+    def _tensor_map(self, slot:int, t, encoding:tuple):
+        ptr = t.data_ptr()
+        m = self.tensor_maps.get((slot, ptr))
+        if m is None:
+            if len(self.tensor_maps) >= _MAX_TENSOR_MAPS: self.tensor_maps.clear()
+            m = self.tensor_maps[(slot, ptr)] = self.encode(ptr, *encoding)
+        return m
+
+    def __call__(self, *values):
+        args = self.args.copy()
+        for slot, ((at, encoding), value) in enumerate(zip(self.slots, values)):
+            args[at] = value if encoding is None else self._tensor_map(slot, value, encoding)
+        self.raw(*self.grid, self.stream(self.device), *self.fixed, *args)
+
+# %% ../nbs/95_launch.ipynb #04ccaf8e
+class _BackwardLaunch:
+    """The backward's launches through Triton's C launcher alone: the dQ pass (which writes M and Δ), then the dK/dV
+    pass. `dq`, `dkdv`: what `backward.launch_dq` and either pass's `launch_dkdv` returned; `candidates`: (dK/dV, dQ),
+    as the dispatcher returns them. Valid for one `_backward_plan_key`."""
+    def __init__(self, dq:tuple, dkdv:tuple, candidates:tuple):
+        self.dq, self.dkdv, self.candidates = _SavedLaunch(*dq), _SavedLaunch(*dkdv), candidates
+
+    def __call__(self, do, q, k, v, o, lse, dlse, dq, dk, dv, m, delta, scale:float, qk_scale:float):
+        self.dq(q, k, v, do, dq, m, delta, o, lse, lse if dlse is None else dlse, scale, qk_scale)
+        self.dkdv(q, k, v, do, dk, dv, m, delta, scale, qk_scale)
 
 # %% ../nbs/95_launch.ipynb #0fceae1b
 def _keep_plan(plans:dict, plan_key:tuple, build):
