@@ -20,7 +20,8 @@ import torch
 import triton
 from . import backward as _backward, forward as _forward, split_kv as _split_kv, varlen as _varlen
 from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
-from .launch import _TRITON_KEY, _DecodeLaunch, _Launch, _decode_plan_key, _keep_plan, _plan_key, fast_launch_possible
+from .launch import (_TRITON_KEY, _BackwardLaunch, _DecodeLaunch, _Launch, _backward_plan_key, _decode_plan_key,
+                               _keep_plan, _plan_key, fast_launch_possible)
 from .score_mods import _sink_gradient
 from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
 from .validation import _capability
@@ -89,6 +90,7 @@ def _tune_buckets(rows:int, seqlen_k:int) -> tuple:
 _PICKS = {}   # tuning key → the candidate chosen for it (prefill and decode keys differ in their first element)
 _TUNED = set()   # the keys whose pick was timed in this process or read from the tuning cache
 _PLANS, _DECODE_PLANS = {}, {}   # exact signature → a saved launch (`launch._Launch`, `launch._DecodeLaunch`), or False
+_BACKWARD_PLANS = {}             # the same for the backward's two passes (`launch._BackwardLaunch`)
 
 def _refusals() -> tuple:
     "The errors with which Triton refuses a candidate that does not fit (as its own autotuner counts them)."
@@ -158,7 +160,7 @@ def _serialised(signature:tuple):
 
 def _forget_launches():
     "After a pick changed: no saved launch, and no signature known to be compiled, may name the old one."
-    _PLANS.clear(); _DECODE_PLANS.clear(); _WARM.clear()
+    _PLANS.clear(); _DECODE_PLANS.clear(); _BACKWARD_PLANS.clear(); _WARM.clear()
 
 # %% ../nbs/94_dispatch.ipynb #3cac53e8
 def _gluon_applies(q, head_dim:int, use_tma:bool, pack:bool, fixed_max:bool, mods=None) -> bool:
@@ -281,6 +283,11 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
 
 
 # %% ../nbs/94_dispatch.ipynb #c501c142
+def _tma_ready(q, k, v, do) -> tuple:
+    "q, k, v, do; on a GPU with TMA, a view it cannot address copied once: each pass then streams it through TMA."
+    if not _forward._has_tma(q.device): return q, k, v, do
+    return tuple(t if _forward._descriptors_fit(t) else t.contiguous() for t in (q, k, v, do))
+
 def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scale:float, configs:tuple=None, mods=None,
                         dsink=None) -> tuple:
     """Gradients of attention into dq, dk, dv (shaped as q, k, v) from (B, H, L, D) views of do, q, k, v, o, the forward's
@@ -291,20 +298,27 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
     Hkv, Lk = k.shape[1], k.shape[2]
     if dsink is not None: dsink.zero_()
     if B * Hq == 0: return configs
+    delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)   # each row's Δ and M: the dQ pass writes them
+    m = torch.empty_like(delta)
+    plan_key = None
+    if configs is None and mods is None and fast_launch_possible(q):
+        plan_key = _backward_plan_key(do, q, k, v, o, lse, dlse, dq, dk, dv, m, delta, causal, scale)
+        plan = _BACKWARD_PLANS.get(plan_key)
+        if plan and (plan.tuned or not tuning_requested()):   # launched before with this signature: straight to Triton's C launcher
+            q, k, v, do = _tma_ready(q, k, v, do)
+            plan(do, q, k, v, o, lse, dlse, dq, dk, dv, m, delta, scale, scale * _forward.LOG2E)
+            return plan.candidates
     flags = () if mods is None else tuple(_backward._backward_mod_flags(mods, causal).values())
     signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs, flags)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)   # each row's Δ and M: the dQ pass writes them
-        m = torch.empty_like(delta)
-        if _forward._has_tma(q.device):   # a view TMA cannot address is copied once: each pass then streams it through TMA
-            q, k, v, do = (t if _forward._descriptors_fit(t) else t.contiguous() for t in (q, k, v, do))
+        q, k, v, do = _tma_ready(q, k, v, do)
         use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
         dkdv = lambda c: _gluon_backward.launch_dkdv if c.kernel == "gluon_dkdv" else _backward.launch_dkdv
         passes = ((1, "bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods, (o, lse, dlse))),
                   (0, "bwd_dkdv", lambda c: dkdv(c)(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)))   # reads Δ, M
         gluon = _gluon_backward is not None and _gluon_backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
-        picks = [None, None]
+        picks, launched, tuned = [None, None], [None, None], True
         for i, kernel, run in passes:
             pick = configs[i] if configs is not None else None
             if pick is not None:                               # a test's candidate: its failure is what the test is for
@@ -320,16 +334,20 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             if pick is None or (pick.kernel == "gluon_dkdv" and not gluon) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon), run, rule)
-            try: run(pick)
+            try: launched[i] = run(pick)
             except Exception as e:
                 if pick.kernel != "gluon_dkdv": raise
                 _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
                 del _PICKS[key]                                # the `tl` pass's own pick serves from now on
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run)
-                run(pick)
-            picks[i] = pick
+                launched[i] = run(pick)
+            picks[i], tuned = pick, tuned and key in _TUNED
         if dsink is not None and mods is not None and mods.learnable_sink is not None:
             dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=1))
+        if plan_key is not None:
+            if plan_key not in _BACKWARD_PLANS:
+                _keep_plan(_BACKWARD_PLANS, plan_key, lambda: _BackwardLaunch(launched[1], launched[0], tuple(picks)))
+            if _BACKWARD_PLANS[plan_key]: _BACKWARD_PLANS[plan_key].tuned = tuned   # by rule: chosen again when tuning is asked for
         _WARM.add(signature)
     return tuple(picks)
 
