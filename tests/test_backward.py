@@ -325,3 +325,236 @@ def test_unaligned_views():
     "Row strides that are not multiples of 16 bytes (no TMA): copied once on a GPU with TMA, read in place elsewhere."
     q, k, v, do = (randn(1, 2, 30, 36)[..., :32] for _ in range(4))   # row stride 72 bytes
     check_grads(poisoned_backward(q, k, v, do, True), attention_backward_ref(q, k, v, do, causal=True), torch.float16)
+
+
+# ---- saved launches (`launch._BackwardLaunch`) -------------------------------------------------------------------------
+
+def _backward_tensors(B=1, Hq=4, Hkv=2, Lq=40, Lk=56, D=64, dlse=False, dtype=torch.float16):
+    "Every tensor of one backward call, by `_attention_backward`'s names: GQA 2:1, Lq ≠ Lk."
+    t = dict(do=randn(B, Hq, Lq, D, dtype=dtype), q=randn(B, Hq, Lq, D, dtype=dtype), k=randn(B, Hkv, Lk, D, dtype=dtype),
+             v=randn(B, Hkv, Lk, D, dtype=dtype), o=randn(B, Hq, Lq, D, dtype=dtype), lse=randn(B, Hq, Lq, dtype=torch.float32),
+             dlse=randn(B, Hq, Lq, dtype=torch.float32) if dlse else None)
+    t.update(dq=torch.empty_like(t["q"]), dk=torch.empty_like(t["k"]), dv=torch.empty_like(t["v"]),
+             m=torch.empty_like(t["lse"]), delta=torch.empty_like(t["lse"]))
+    return t
+
+
+def test_backward_plan_key_separates_what_triton_specialises_on():
+    "Equal signatures give equal keys (new data, new scale); each tensor's layout, alignment and dtype and each flag change it."
+    from triton_fa2.launch import _backward_plan_key
+    base = _backward_tensors()
+    key = lambda causal=True, scale=0.125, **new: _backward_plan_key(**{**base, **new}, causal=causal, scale=scale)
+    assert key(**{n: t.clone() for n, t in base.items() if t is not None}, scale=0.3) == key()
+    for name, t in base.items():
+        if t is None: continue
+        assert key(**{name: torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)}) != key(), name   # off alignment
+        assert key(**{name: t.transpose(-1, -2).contiguous().transpose(-1, -2)}) != key(), name             # another layout
+        assert key(**{name: t.to(torch.bfloat16 if t.dtype == torch.float32 else torch.float32)}) != key(), name
+    assert key(k=randn(1, 2, 57, 64), v=randn(1, 2, 57, 64), dk=randn(1, 2, 57, 64), dv=randn(1, 2, 57, 64)) != key()   # Lk
+    assert key(dlse=torch.zeros(1, 4, 40)) != key()                      # HAS_DLSE
+    assert key(causal=False) != key() and key(scale=-0.125) != key()    # CAUSAL; the scale's sign
+    with_dlse = _backward_tensors(dlse=True)
+    assert _backward_plan_key(**with_dlse, causal=True, scale=0.1) == _backward_plan_key(**{**with_dlse, "dlse": with_dlse["dlse"].clone()},
+                                                                                          causal=True, scale=0.1)
+
+
+class _FakeDriver:
+    "Triton's CUDA driver as a saved launch reads it, on a CPU: a fixed stream; a tensor map that names its address."
+    def __init__(self):
+        self.utils = type("Utils", (), dict(fill_tma_descriptor=staticmethod(lambda ptr, *encoding: ("map", ptr))))()
+    def get_current_stream(self, device): return 77
+
+
+class _RecordedKernel:
+    "Stands in for a jitted kernel: `kernel[grid](...)` returns a compiled kernel shaped as Triton 3.6's, whose C launch records."
+    def __init__(self): self.calls = []
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            from triton_fa2.launch import _is_descriptor
+            meta = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=list(a.block_shape), fp4_padded=False)
+                    for a in list(args) + list(kwargs.values()) if _is_descriptor(a)] or None
+            launcher = lambda *a: self.calls.append(a)
+            def inner(*args): return launcher(*args)              # Triton's wrapper: the C launch is its free variable
+            run = type("Run", (), dict(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                       launch_pdl=False, launch=staticmethod(inner if meta else launcher)))()
+            return type("Compiled", (), dict(run=run, function="fn", packed_metadata="packed",
+                                             metadata=type("Meta", (), dict(tensordesc_meta=meta))()))()
+        return launch
+
+
+def _expanded(args):
+    "A launch's arguments as Triton 3.6's wrapper hands them to its C launch: each descriptor as (map, shape, strides)."
+    from triton_fa2.launch import _is_descriptor
+    out = []
+    for a in args: out += [("map", a.base.data_ptr()), *a.shape, *a.strides] if _is_descriptor(a) else [a]
+    return out
+
+
+@pytest.mark.parametrize("dkdv, use_tma", [("tl", True), ("tl", False), ("gluon", True)])
+@pytest.mark.parametrize("dlse", [False, True])
+def test_backward_saved_launch_passes_what_the_launch_functions_would(dkdv, use_tma, dlse, monkeypatch):
+    """A `_BackwardLaunch` built from one call's launches hands Triton's C launcher, for a call with new tensors and a new
+    scale, exactly what `launch_dq` and `launch_dkdv` would have launched with them (descriptors encoded per address)."""
+    import triton
+    import triton_fa2.backward as bwd
+    from triton_fa2.candidates import BACKWARD
+    from triton_fa2.launch import _BackwardLaunch
+    monkeypatch.setattr(triton.runtime.driver, "_active", _FakeDriver())
+    dq_kernel, dkdv_kernel = _RecordedKernel(), _RecordedKernel()
+    monkeypatch.setattr(bwd, "_attn_bwd_dq", dq_kernel)
+    if dkdv == "gluon":
+        gluon_bwd = pytest.importorskip("triton_fa2.gluon_backward")
+        from triton_fa2.candidates import BACKWARD_GLUON
+        monkeypatch.setattr(gluon_bwd, "_attn_bwd_dkdv_gluon", dkdv_kernel)
+        launch_dkdv, dkdv_candidate = gluon_bwd.launch_dkdv, BACKWARD_GLUON[64][0]
+    else:
+        monkeypatch.setattr(bwd, "_attn_bwd_dkdv", dkdv_kernel)
+        launch_dkdv, dkdv_candidate = bwd.launch_dkdv, BACKWARD[("bwd_dkdv", 64, not use_tma)][0]
+    dq_candidate = BACKWARD[("bwd_dq", 64, not use_tma)][0]
+    def launches(t, scale):
+        return (bwd.launch_dq(t["q"], t["k"], t["v"], t["do"], t["dq"], t["m"], t["delta"], True, scale, dq_candidate, use_tma,
+                              None, (t["o"], t["lse"], t["dlse"])),
+                launch_dkdv(t["q"], t["k"], t["v"], t["do"], t["dk"], t["dv"], t["m"], t["delta"], True, scale, dkdv_candidate, use_tma))
+    first = _backward_tensors(dlse=dlse)
+    plan = _BackwardLaunch(*launches(first, 0.125), ("dK/dV", "dQ"))
+    new = _backward_tensors(dlse=dlse)
+    want = [_expanded(launched[2]) for launched in launches(new, 0.3)]   # the launches Triton would make, first in line
+    dq_kernel.calls.clear(); dkdv_kernel.calls.clear()
+    for _ in range(2): plan(*new.values(), 0.3, 0.3 * bwd.LOG2E)
+    head = (1, 1, 77, "fn", False, False, None, None, "packed", None, None, None)   # the grid's y, z, stream, fixed handles
+    for kernel, args in zip((dq_kernel, dkdv_kernel), want):
+        assert len(kernel.calls) == 2
+        for call in kernel.calls:
+            assert call[1:13] == head and len(call) == 13 + len(args)
+            assert all(a is b or (not isinstance(a, torch.Tensor) and a == b) for a, b in zip(call[13:], args)), (call[13:], args)
+    assert len(plan.dq.tensor_maps) == (2 if use_tma else 0)              # K and V, each encoded once for its new address
+    assert len(plan.dkdv.tensor_maps) == (4 if dkdv == "gluon" else 2 if use_tma else 0)
+    assert not any(a is first[n] for launch in (plan.dq, plan.dkdv) for a in launch.args for n in first if first[n] is not None)
+
+
+def test_a_backward_plan_that_cannot_be_built_leaves_the_normal_path(monkeypatch):
+    """Where a saved launch cannot be built (here the interpreter, which returns no compiled kernel), the plan is kept as
+    False and every call takes the normal path, with the same gradients."""
+    import triton_fa2.dispatch as dispatch
+    monkeypatch.setattr(dispatch, "_BACKWARD_PLANS", {}); monkeypatch.setattr(dispatch, "_PLANS", {})   # the forward's too
+    monkeypatch.setattr(dispatch, "fast_launch_possible", lambda q: True)
+    q, k, v, do = randn(1, 4, 30, 32), randn(1, 2, 45, 32), randn(1, 2, 45, 32), randn(1, 4, 30, 32)
+    refs = attention_backward_ref(q, k, v, do, causal=True)
+    first = poisoned_backward(q, k, v, do, True)
+    assert list(dispatch._BACKWARD_PLANS.values()) == [False]
+    again = poisoned_backward(q.clone(), k.clone(), v.clone(), do.clone(), True)
+    check_grads(again, refs, torch.float16)
+    assert all(torch.equal(a, b) for a, b in zip(first, again)) and len(dispatch._BACKWARD_PLANS) == 1
+
+
+# (B, Hq, Hkv, Lq, Lk, D, dK/dV pass, views): each case names the path its saved launch replays
+SAVED_BACKWARD_CASES = [
+    (2, 8, 8, 300, 300, 64, "gluon", "tma"),        # Gluon dK/dV: Q, K, V, dO all through descriptors
+    (1, 8, 2, 257, 513, 128, "gluon", "tma"),       # Gluon, GQA 4:1, Lq < Lk
+    (2, 8, 8, 300, 300, 64, "tl", "tma"),           # the `tl` dK/dV pass through descriptors
+    (1, 8, 2, 513, 257, 128, "tl", "tma"),          # `tl`, GQA 4:1, Lq > Lk
+    (1, 4, 2, 300, 300, 96, "tl", "pointers"),      # a GPU without TMA: pointers in both passes; D = 96
+    (1, 4, 4, 200, 200, 64, "tl", "unaligned"),     # row strides of 136 bytes: copied on each call, then descriptors
+]
+
+
+def _one_backward_candidate(monkeypatch, dkdv:str):
+    "Fresh plans and picks, one candidate per pass: the Gluon dK/dV pass's or the `tl` one's (one compile each)."
+    import triton_fa2.dispatch as dispatch
+    from triton_fa2.candidates import backward_candidates
+    monkeypatch.setattr(dispatch, "_BACKWARD_PLANS", {}); monkeypatch.setattr(dispatch, "_PICKS", {})
+    def one(kernel, *args, gluon=False, **kwargs):
+        every = backward_candidates(kernel, *args, gluon=gluon and dkdv == "gluon", **kwargs)
+        return [c for c in every if kernel == "bwd_dq" or (c.kernel == "gluon_dkdv") == (dkdv == "gluon")][:1]
+    monkeypatch.setattr(dispatch, "backward_candidates", one)
+
+
+def _count_triton_launches(monkeypatch) -> list:
+    "Every launch through Triton's Python path (`JITFunction.run`, Gluon's included) is appended to the list returned."
+    from triton.runtime.jit import JITFunction
+    runs, original = [], JITFunction.run
+    def run(self, *args, **kwargs):
+        runs.append(getattr(self, "__name__", self))
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(JITFunction, "run", run)
+    return runs
+
+
+def _new_backward_call(B, Hq, Hkv, Lq, Lk, D, views, dlse:bool, scale:float, dtype=torch.bfloat16):
+    "A training step's tensors: new ones (new addresses), o and lse from our forward, NaN-poisoned gradients."
+    width = D + 4 if views == "unaligned" else D
+    q, do = (randn(B, Hq, Lq, width, dtype=dtype)[..., :D] for _ in range(2))
+    k, v = (randn(B, Hkv, Lk, width, dtype=dtype)[..., :D] for _ in range(2))
+    o, lse = torch.empty(B, Hq, Lq, D, device=q.device, dtype=dtype), torch.empty(B, Hq, Lq, device=q.device)
+    _attention_forward(q, k, v, o, lse, True, scale)
+    return (do, q, k, v, o, lse, randn(B, Hq, Lq, dtype=torch.float32) if dlse else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dlse", [False, True], ids=["no_dlse", "dlse"])
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D, dkdv, views", SAVED_BACKWARD_CASES)
+def test_gpu_backward_saved_launch_is_bit_identical(B, Hq, Hkv, Lq, Lk, D, dkdv, views, dlse, monkeypatch):
+    """Call 1 chooses and launches through Triton; calls 2 and 3, with new tensors and another scale, go through the saved
+    launch alone (no `JITFunction.run`) and give the same bits as the normal path with the same candidates."""
+    import triton_fa2.dispatch as dispatch
+    import triton_fa2.forward as fwd
+    _one_backward_candidate(monkeypatch, dkdv)
+    if views == "pointers": monkeypatch.setattr(fwd, "_has_tma", lambda device: False)
+    runs = _count_triton_launches(monkeypatch)
+    for call in range(3):
+        scale = D ** -0.5 * (1 + 0.25 * call)
+        inputs = _new_backward_call(B, Hq, Hkv, Lq, Lk, D, views, dlse, scale)
+        grads = [torch.full_like(t, float("nan")) for t in inputs[1:4]]
+        del runs[:]
+        picks = _attention_backward(*inputs, *grads, True, scale)
+        assert len(runs) == (2 if call == 0 else 0), (call, runs)
+        assert picks[0].kernel == ("gluon_dkdv" if dkdv == "gluon" else "bwd_dkdv")
+        normal = [torch.full_like(t, float("nan")) for t in inputs[1:4]]
+        _attention_backward(*inputs, *normal, True, scale, configs=picks)     # Triton's own path, the same candidates
+        for name, g, n in zip(("dq", "dk", "dv"), grads, normal): assert torch.equal(g, n), (call, name)
+    check_grads(grads, attention_backward_ref(*inputs[1:4], inputs[0], causal=True, scale=scale, dlse=inputs[6]), torch.bfloat16)
+    (plan,) = dispatch._BACKWARD_PLANS.values()
+    assert plan and plan.candidates == picks
+    assert bool(plan.dq.tensor_maps) == (views != "pointers")
+
+
+@pytest.mark.gpu
+def test_gpu_backward_saved_launch_steps_aside_for_a_launch_hook(monkeypatch):
+    "A profiler's launch hook must see both launches of every backward: with one installed, Triton's own path serves."
+    from triton import knobs
+    _one_backward_candidate(monkeypatch, "gluon")
+    runs = _count_triton_launches(monkeypatch)
+    inputs = _new_backward_call(1, 8, 8, 300, 300, 64, "tma", False, 0.125)
+    for _ in range(2): _attention_backward(*inputs, *(torch.empty_like(t) for t in inputs[1:4]), True, 0.125)
+    saved = [torch.full_like(t, float("nan")) for t in inputs[1:4]]
+    del runs[:]
+    _attention_backward(*inputs, *saved, True, 0.125)
+    assert runs == []
+    seen = []
+    hook = lambda metadata: seen.append(metadata)
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        hooked = [torch.full_like(t, float("nan")) for t in inputs[1:4]]
+        _attention_backward(*inputs, *hooked, True, 0.125)
+    finally: knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(runs) == 2 and len(seen) == 2
+    assert all(torch.equal(a, b) for a, b in zip(saved, hooked))
+    del runs[:]
+    _attention_backward(*inputs, *hooked, True, 0.125)
+    assert runs == []                                                    # the hook gone: the saved launch again
+
+
+@pytest.mark.gpu
+def test_gpu_a_training_step_launches_nothing_through_triton_after_the_first(monkeypatch):
+    "`torch.autograd.grad` through `attention`, new tensors each step: from step 2 on, forward and backward skip `JITFunction.run`."
+    import triton_fa2.dispatch as dispatch
+    monkeypatch.setattr(dispatch, "_PLANS", {})
+    _one_backward_candidate(monkeypatch, "gluon")
+    runs = _count_triton_launches(monkeypatch)
+    for step in range(3):
+        q, k, v = (randn(2, 8, 256, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+        do = randn(2, 8, 256, 64, dtype=torch.bfloat16)
+        del runs[:]
+        grads = torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), do)
+        assert (len(runs) > 0) == (step == 0), (step, runs)
+    check_grads(grads, attention_backward_ref(q.detach(), k.detach(), v.detach(), do, causal=True), torch.bfloat16)
