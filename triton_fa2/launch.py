@@ -165,7 +165,9 @@ class _SavedLaunch:
         for i, a in enumerate(args):
             at[i] = len(self.args)
             self.args += [None, *a.shape, *a.strides] if i in encodings else [None if i in given else a]
-        self.slots = tuple((at[i], encodings.get(i)) for i in given)   # where each given value goes; how to encode it
+        slots = [(at[i], n, encodings.get(i)) for n, i in enumerate(given)]   # where each given value goes; how to encode it
+        self.plain = tuple((at, n) for at, n, encoding in slots if encoding is None)
+        self.encoded = tuple(slot for slot in slots if slot[2] is not None)
         tensors = [a.base if _is_descriptor(a) else a for a in (args[i] for i in given)]
         self.device = next(t for t in tensors if isinstance(t, torch.Tensor)).device.index
         self.raw, self.grid, self.stream = raw, (grid, 1, 1), triton.runtime.driver.active.get_current_stream
@@ -181,8 +183,8 @@ class _SavedLaunch:
 
     def __call__(self, *values):
         args = self.args.copy()
-        for slot, ((at, encoding), value) in enumerate(zip(self.slots, values)):
-            args[at] = value if encoding is None else self._tensor_map(slot, value, encoding)
+        for at, n in self.plain: args[at] = values[n]
+        for at, n, encoding in self.encoded: args[at] = self._tensor_map(n, values[n], encoding)
         self.raw(*self.grid, self.stream(self.device), *self.fixed, *args)
 
 # %% ../nbs/95_launch.ipynb #04ccaf8e
