@@ -623,6 +623,30 @@ def test_saved_launch_passes_triton_3_6s_launcher_arguments(descriptors, monkeyp
                                   for t, r in zip((q2, k2, v2, o2), (64, 32, 32, 64))]
 
 
+@pytest.mark.parametrize("descriptors", [True, False], ids=["descriptors", "pointers"])
+def test_the_general_saved_launch_replays_the_prefill_launch_as_launch_does(descriptors, monkeypatch):
+    "`_SavedLaunch`, given the forward's q, k, v, o, lse and qk_scale per call, hands Triton's C launcher what `_Launch` does."
+    monkeypatch.setattr(fwd.triton.runtime.driver, "_active", _FakeDriver())
+    calls = {"launch": [], "saved": []}
+    shapes = [(1, 2, 64, 64), (1, 2, 96, 64), (1, 2, 96, 64), (1, 2, 64, 64)]
+    q, k, v, o = (torch.randn(*s, dtype=torch.float16) for s in shapes)
+    tiles = [fwd.TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, 64]) for t, r in zip((q, k, v, o), (64, 32, 32, 64))] \
+        if descriptors else [q, k, v, o]
+    nowhere = torch.zeros(16)
+    args = tiles + [torch.empty(1, 2, 64)] + list(range(100, 112)) + [2, 1, 64, 64, 0.5] + [160, 0, 0.0, 0.0, nowhere, 0, nowhere] \
+        + [64, 64, True, False, False, 64, 64, descriptors, True, True, False, False, False, False]
+    names = fwd._ATTN_FWD_ARGS
+    plans = (fast._Launch(_fake_compiled_kernel(lambda *a: calls["launch"].append(a), descriptors), 10, args, "c", names),
+             fast._SavedLaunch(_fake_compiled_kernel(lambda *a: calls["saved"].append(a), descriptors), 10, args, names,
+                               (*names[:5], "qk_scale")))
+    new = [torch.randn(*s, dtype=torch.float16) for s in shapes] + [torch.empty(1, 2, 64)]
+    for plan in plans:
+        for _ in range(2): plan(*new, 0.25)
+    assert len(calls["launch"]) == len(calls["saved"]) == 2
+    for a, b in zip(*calls.values()):
+        assert len(a) == len(b) and all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a, b))
+
+
 def fwd_tma_host_dtype(device_code):
     from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
     return TMA_DTYPE_DEVICE_TO_HOST[device_code]
