@@ -326,7 +326,7 @@ def check_gluon_mods(q, k, v, causal, config, mods):
     B, Hq, Lq, D = q.shape
     o = torch.full((B, Lq, Hq, D), float("nan"), device=q.device, dtype=q.dtype).transpose(1, 2)
     lse = torch.full((B, Hq, Lq), float("nan"), device=q.device)
-    dispatch._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, mods=mods)
+    dispatch._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, pack_gqa=False, use_tma=True, mods=mods)
     o_ref, lse_ref = mods_reference(q, k, v, causal, mods)
     where = f"{config.label} {tuple(q.shape)} Lk={k.shape[2]} Hkv={k.shape[1]}"
     assert not o.isnan().any() and not lse.isnan().any(), f"{where}: an element left unwritten, or NaN produced"
