@@ -558,3 +558,23 @@ def test_gpu_a_training_step_launches_nothing_through_triton_after_the_first(mon
         grads = torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), do)
         assert (len(runs) > 0) == (step == 0), (step, runs)
     check_grads(grads, attention_backward_ref(q.detach(), k.detach(), v.detach(), do, causal=True), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first", ["backward", "checkpointed forward"])
+def test_gpu_our_kernel_first_in_the_autograd_thread(first):
+    """In a fresh process the autograd thread has no CUDA context until its first CUDA call; when that is our backward, or
+    a forward recomputed there by activation checkpointing, the TMA descriptors need one bound (`launch.bind_context`)."""
+    import subprocess, sys, textwrap
+    code = textwrap.dedent(f'''
+        import torch, triton_fa2
+        from torch.utils.checkpoint import checkpoint
+        q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        do = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16)
+        run = lambda q, k, v: triton_fa2.attention(q, k, v, causal=True)
+        o = checkpoint(run, q, k, v, use_reentrant=False) if {first == "checkpointed forward"} else run(q, k, v)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        assert all(g.isfinite().all() for g in grads)
+        print("ok")''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -21,7 +21,7 @@ import triton
 from . import backward as _backward, forward as _forward, split_kv as _split_kv, varlen as _varlen
 from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import (_TRITON_KEY, _BackwardLaunch, _DecodeLaunch, _Launch, _backward_plan_key, _decode_plan_key,
-                               _keep_plan, _plan_key, fast_launch_possible)
+                               _keep_plan, _plan_key, bind_context, fast_launch_possible)
 from .score_mods import _sink_gradient
 from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
 from .validation import _capability
@@ -185,6 +185,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
     `config` bypasses the choice; `pack_gqa`, `use_tma` left at None are decided here; `fixed_max=False` runs the plain
     online softmax. `mods`: the score modifiers of 14 (`forward.ScoreMods`), or None; the Gluon kernels take softcap, ALiBi
     and sinks, the `tl` kernel every one (a sliding window too)."""
+    bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if B * Hq * Lq == 0: return config
@@ -247,6 +248,7 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
     or int32 (B,) on q's device. With `block_table` (int32 (B, pages)) the caches are (pages, Hkv, page_size, D) views of a
     paged cache; `cache_batch_idx`, `cache_leftpad`: int32 (B,) or None (contiguous caches). `config` bypasses the choice.
     `mods`: the score modifiers of 14 (`forward.ScoreMods`), or None."""
+    bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     B, Hq, Lq, D = q.shape
     Hkv, Lmax = k_cache.shape[1], k_cache.shape[2] * (1 if block_table is None else block_table.shape[1])
     if B * Hq * Lq == 0: return
@@ -294,6 +296,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
     contiguous lse (B, Hq, Lq) and dlse (its gradient, or None). `configs`: (dK/dV candidate, dQ candidate), bypassing the
     choice. `mods`: the forward's score modifiers (14), or None; with a sink, its gradient into `dsink` (Hq,) float32.
     Returns the two candidates launched."""
+    bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if dsink is not None: dsink.zero_()
@@ -357,6 +360,7 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
     """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
     (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
     the candidate launched. `config` bypasses the choice."""
+    bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     total_q, Hq, D = q.shape
     signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config,
                            None if mods is None else tuple(_forward._mod_flags(mods, causal).values()))
@@ -381,6 +385,7 @@ def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_
     """Gradients of packed sequences into dq (shaped as q) and dk, dv (shaped as k, v) from do, q, k, v, o (packed),
     lse and dlse (Hq, total_q; dlse may be None). `configs`: (dK/dV candidate, dQ candidate), bypassing the choice.
     `mods` and `dsink` as `_attention_backward`'s."""
+    bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     total_q, Hq, D = q.shape
     if dsink is not None: dsink.zero_()
     flags = () if mods is None else tuple(_backward._backward_mod_flags(mods, causal).values())
