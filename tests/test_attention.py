@@ -453,6 +453,7 @@ def test_gpu_every_candidate_is_correct():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 def test_gpu_offsets_past_2_31_elements():
     """int64 offsets (bug class 7): a batch offset past 2³¹ elements in q, k, v and o (SDPA layout), and key offsets
     past 2³¹ in one (batch, head)'s K and V (flash-attn layout, 131073 keys × 128 heads × 128)."""

@@ -216,6 +216,7 @@ GPU_CASES = [  # (B, Hq, Hkv, N, D, causal, dtype)
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 @pytest.mark.parametrize("B, Hq, Hkv, N, D, causal, dtype", GPU_CASES)
 def test_gpu_matrix(B, Hq, Hkv, N, D, causal, dtype):
     q, k, v = randn(B, Hq, N, D, dtype=dtype), randn(B, Hkv, N, D, dtype=dtype), randn(B, Hkv, N, D, dtype=dtype)
@@ -308,6 +309,7 @@ def test_gpu_gluon_dkdv(D, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 def test_gpu_offsets_past_2_31_elements():
     "int64 offsets (bug class 7): q, k, v, do and the gradients past 2³¹ elements; sampled heads against float64."
     B = 2 ** 31 // (8 * 256 * 128) + 1                       # 8193 × 8 heads × 256 tokens × 128 > 2³¹

@@ -248,6 +248,7 @@ def test_attention_dropout_is_refused_in_training():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 def test_gpu_llama3_8b_shaped_training_matches_sdpa():
     "Llama-3-8B's attention shapes (hidden 4096, 32 query heads, 8 KV heads of 128), 2 layers, bf16, 4 × 1024 tokens."
     losses = check_training_matches_sdpa(dict(vocab_size=1024, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
@@ -257,6 +258,7 @@ def test_gpu_llama3_8b_shaped_training_matches_sdpa():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 def test_gpu_llama3_8b_shaped_padded_batch_matches_sdpa():
     "Llama-3-8B's attention shapes, 2 layers, bf16: a left-padded batch of 4 prompts, prefill logits on real tokens and greedy tokens as sdpa's."
     hf.register()

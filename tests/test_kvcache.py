@@ -131,6 +131,7 @@ def test_bad_inputs_are_refused(change, error, message):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 def test_gpu_serving_sized_paged_decode():
     "64 sequences of up to 8k tokens in pages of 16 (vLLM's) and of 1 (SGLang's), GQA 8:1, D = 128, bf16, one new token each."
     g = torch.Generator().manual_seed(0)

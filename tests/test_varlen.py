@@ -224,6 +224,7 @@ def test_opcheck_and_torch_compile():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_memory
 def test_gpu_serving_sized_batch():
     "A serving-sized ragged batch on the GPU: 64 sequences from 1 to 4000 tokens, GQA 4:1, D = 128, bf16, forward and backward."
     g = torch.Generator().manual_seed(0)

@@ -14,7 +14,17 @@ export JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert's templates, installed 
 } 2>&1 | tee "$OUT/env.txt"
 status=0
 [ -n "${SKIP_NBDEV:-}" ] || { echo "== nbdev-test --flags gpu"; nbdev-test --flags gpu --do-print 2>&1 | tee "$OUT/nbdev_test_gpu.log" || status=1; }
-# PYTEST_ARGS selects tests, e.g. '-m "not gpu"' or '-m gpu' to split a long run across two commands on the device.
-echo "== pytest ${PYTEST_ARGS:-}"; eval python3 -m pytest -q -rs --durations=15 "${PYTEST_ARGS:-}" 2>&1 | tee "$OUT/pytest_gpu.log" || status=1
+# PYTEST_ARGS runs one pytest command of its own, e.g. '-m "not gpu"'. Without it, the GPU tests: all but those marked
+# gpu_memory in WORKERS parallel processes sharing the GPU (pytest-xdist, carried as a wheel: wheels.sh pytest-xdist),
+# then the gpu_memory ones alone (beside the workers they ran out of memory).
+if [ -n "${PYTEST_ARGS:-}" ]; then
+  echo "== pytest ${PYTEST_ARGS}"; eval python3 -m pytest -q -rs --durations=15 "${PYTEST_ARGS}" 2>&1 | tee "$OUT/pytest_gpu.log" || status=1
+else
+  python3 -c "import xdist" 2>/dev/null && parallel="-n ${WORKERS:-8}" || parallel=""
+  echo "== pytest -m 'gpu and not gpu_memory' $parallel"
+  python3 -m pytest -q -rf --durations=15 -m "gpu and not gpu_memory" $parallel -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" || status=1
+  echo "== pytest -m gpu_memory"
+  python3 -m pytest -q -rf --durations=15 -m gpu_memory -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_memory.log" || status=1
+fi
 echo "== python -m triton_fa2"; python3 -m triton_fa2 --batch 4 --heads 16 --seqlen 2048 --head-dim 128 2>&1 | tee "$OUT/main_gpu.log" || status=1
 exit $status
