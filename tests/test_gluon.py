@@ -264,14 +264,20 @@ def test_gpu_every_candidate_matches_reference(B, Hq, Hkv, Lq, Lk, D, causal, dt
     for config in CANDIDATES: check_gluon(q, k, v, causal, config)
 
 
+def overflowing_inputs(head_dim:int, dtype):
+    "(2, 2, 512, D) q, k, v with q ≥ 0 and key 0 at 30 everywhere: its scores far above every later row's diagonal maximum."
+    q = randn(2, 2, 512, head_dim, dtype=dtype).abs()
+    k, v = randn(2, 2, 512, head_dim, dtype=dtype), randn(2, 2, 512, head_dim, dtype=dtype)
+    k[:, :, 0] = 30.0
+    return q, k, v
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_overflow_falls_back_online(dtype):
     "Key 0 scores far above every later row's diagonal maximum: P overflows in the unmasked run, the block is redone."
-    q = randn(2, 2, 512, 64, dtype=dtype).abs()
-    k, v = randn(2, 2, 512, 64, dtype=dtype), randn(2, 2, 512, 64, dtype=dtype)
-    k[:, :, 0] = 30.0
+    q, k, v = overflowing_inputs(64, dtype)
     for config in CANDIDATES: check_gluon(q, k, v, True, config)
 
 
@@ -356,9 +362,7 @@ def test_gpu_every_candidate_with_score_modifiers(modifiers, causal, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_overflow_with_modifiers_redoes_from_the_sink(dtype):
     "Key 0 far above every row's diagonal, gentle ALiBi slopes and sinks: P overflows, and the redo starts from the sink again."
-    q = randn(2, 2, 512, 128, dtype=dtype).abs()
-    k, v = randn(2, 2, 512, 128, dtype=dtype), randn(2, 2, 512, 128, dtype=dtype)
-    k[:, :, 0] = 30.0
+    q, k, v = overflowing_inputs(128, dtype)
     mods = ScoreMods(alibi_slopes=torch.full((2,), 0.01, device=q.device), learnable_sink=torch.randn(2, device=q.device))
     for causal in (True, False):
         for config in CANDIDATES:   # the ws kernel: the sink alone (`takes`)
