@@ -573,6 +573,8 @@ def test_gpu_our_kernel_first_in_the_autograd_thread(first):
         from torch.utils.checkpoint import checkpoint
         q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         do = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16)
+        spare = [torch.empty(1 << 19, dtype=torch.uint8, device="cuda") for _ in range(32)]
+        del spare   # cached blocks: the autograd thread allocates without cudaMalloc, which would bind a context itself
         run = lambda q, k, v: triton_fa2.attention(q, k, v, causal=True)
         o = checkpoint(run, q, k, v, use_reentrant=False) if {first == "checkpointed forward"} else run(q, k, v)
         grads = torch.autograd.grad(o, (q, k, v), do)
