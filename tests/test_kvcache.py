@@ -1,6 +1,6 @@
 """flash_attn_with_kvcache against the float64 reference: contiguous and paged caches (pages of 1, 16 and 7, scattered,
 spare pages full of NaN), the new tokens written in place (checked in the cache itself), cache_batch_idx,
-cache_leftpad, splits, the LSE, GQA, both dtypes; and every refusal."""
+cache_leftpad, splits, the LSE, GQA, both dtypes, rotary embedding; and every refusal."""
 import pytest
 import torch
 import triton_fa2
@@ -108,7 +108,7 @@ def test_exported_and_signature_is_flash_attns():
     (dict(block_table="out of range"), ValueError, "block_table must lie in"),
     (dict(block_table="int64"), TypeError, "block_table must be an int32"),
     (dict(cache_batch_idx="with pages"), ValueError, "apply to contiguous caches"),
-    (dict(rotary_cos="some"), NotImplementedError, "rotate q and k before the call"),
+    (dict(rotary_cos="some"), ValueError, "rotary_cos and rotary_sin must be given together"),
     (dict(window_size=(4, -3)), ValueError, "each an int ≥ 0 or −1"),
     (dict(k="alone"), ValueError, "k and v must be given together"),
     (dict(num_splits=-1), TypeError, "num_splits must be an int"),
@@ -128,6 +128,79 @@ def test_bad_inputs_are_refused(change, error, message):
         elif value == "too long": value = torch.tensor([3, 9], dtype=torch.int32, device=device)
         args[name] = value
     with pytest.raises(error, match=message): flash_attn_with_kvcache(**args)
+
+
+def rotated(x, cos, sin, positions, interleaved):
+    "Float64 reference of flash-attn's rotary embedding, as complex products: pair (x₁, x₂) times cos + i·sin at its position."
+    half = cos.shape[1]
+    x = x.double()
+    turned = x[..., :2 * half]
+    pairs = turned.unflatten(-1, (half, 2)) if interleaved else torch.stack(turned.chunk(2, dim=-1), dim=-1)
+    z = torch.view_as_complex(pairs.contiguous()) * torch.complex(cos.double(), sin.double())[positions][:, :, None, :]
+    out = torch.view_as_real(z)
+    out = out.flatten(-2) if interleaved else torch.cat((out[..., 0], out[..., 1]), dim=-1)
+    return torch.cat((out, x[..., 2 * half:]), dim=-1)
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (False, (5, 2))], ids=["causal", "full", "window"])
+@pytest.mark.parametrize("page_size,rotary_dim", [(0, 32), (7, 16), (1, 32)], ids=["contiguous", "pages-of-7-half-dims", "pages-of-1"])
+def test_rotary_embedding(interleaved, causal, window, page_size, rotary_dim):
+    """q and the new keys rotated at flash-attn's positions: keys where they are written, queries at their tokens' positions
+    when causal or windowed, all at cache_seqlens otherwise; the rotated keys land in the cache; dims past rotary_dim kept."""
+    B, Hq, Hkv, D, Lmax, Lnew = 3, 4, 2, 32, 28, 3
+    lengths = torch.tensor([4, 0, 21], dtype=torch.int32)
+    dense_k, dense_v = (torch.randn(B, Lmax, Hkv, D, device=device, dtype=torch.float16) for _ in range(2))
+    for t in (dense_k, dense_v):
+        for b in range(B): t[b, int(lengths[b]):] = float("nan")
+    q = torch.randn(B, Lnew, Hq, D, device=device, dtype=torch.float16)
+    k, v = (torch.randn(B, Lnew, Hkv, D, device=device, dtype=torch.float16) for _ in range(2))
+    angle = torch.rand(Lmax + 5, rotary_dim // 2, device=device) * 2 * torch.pi
+    cos, sin = angle.cos().half(), angle.sin().half()
+    if page_size: (k_cache, table), (v_cache, _) = paged(dense_k, lengths, page_size), paged(dense_v, lengths, page_size)
+    else: k_cache, v_cache, table = dense_k.clone(), dense_v.clone(), None
+    q_before, k_before = q.clone(), k.clone()
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths.to(device),
+                                  block_table=table, causal=causal, window_size=window, rotary_interleaved=interleaved)
+    assert torch.equal(q, q_before) and torch.equal(k, k_before)            # the caller's tensors are not rotated in place
+    written = lengths[:, None].long().to(device) + torch.arange(Lnew, device=device)
+    at_q = written if causal or window != (-1, -1) else lengths[:, None].long().to(device).expand(B, Lnew)
+    k_ro, q_ro = rotated(k, cos, sin, written, interleaved), rotated(q, cos, sin, at_q, interleaved)
+    keys, values = dense_k.double(), dense_v.double()
+    for b in range(B):
+        n = int(lengths[b])
+        keys[b, n:n + Lnew], values[b, n:n + Lnew] = k_ro[b], v[b].double()
+        for j in range(n, n + Lnew):                               # the rotated key, in the cache itself
+            where = (table[b, j // page_size], j % page_size) if page_size else (b, j)
+            assert (k_cache[where].double() - k_ro[b, j - n]).abs().max() <= 2e-3
+    outs = []
+    for b in range(B):                                             # float64 reference with the window, per row
+        n = int(lengths[b]) + Lnew
+        o, _ = attention_ref(q_ro[b:b + 1].transpose(1, 2), keys[b][None, :n].transpose(1, 2), values[b][None, :n].transpose(1, 2),
+                             causal=causal, window_size=window, upcast=torch.float64)
+        outs.append(o.transpose(1, 2))
+    o_ref = torch.cat(outs)
+    assert not out.isnan().any() and (out.double() - o_ref).abs().max().item() <= 4e-3
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(rotary_sin=None), "must be given together"),
+    (dict(k=None, v=None), "pass k and v with them"),
+    (dict(rotary_cos="wide", rotary_sin="wide"), "must lie in \\[2, head_dim = 16\\]"),
+    (dict(rotary_cos="short", rotary_sin="short"), "must cover every position of the cache"),
+    (dict(rotary_sin="mismatched"), "must both be \\(seqlen_ro, rotary_dim / 2\\)"),
+])
+def test_rotary_refusals(change, message):
+    q = torch.randn(2, 1, 2, 16, device=device, dtype=torch.float16)
+    cache = torch.randn(2, 12, 2, 16, device=device, dtype=torch.float16)
+    new = torch.randn(2, 1, 2, 16, device=device, dtype=torch.float16)
+    table = torch.zeros(12, 4, device=device)
+    args = dict(q=q, k_cache=cache, v_cache=cache.clone(), k=new, v=new, rotary_cos=table, rotary_sin=table, cache_seqlens=3)
+    sizes = dict(wide=torch.zeros(12, 9, device=device), short=torch.zeros(11, 4, device=device), mismatched=torch.zeros(12, 3, device=device))
+    args.update({n: sizes.get(x, x) if isinstance(x, str) else x for n, x in change.items()})
+    with pytest.raises(ValueError, match=message): flash_attn_with_kvcache(**args)
+    with pytest.raises(TypeError, match="rotary_interleaved must be a bool"):
+        flash_attn_with_kvcache(q, cache, cache.clone(), new, new, rotary_cos=table, rotary_sin=table, cache_seqlens=3, rotary_interleaved=1)
 
 
 @pytest.mark.gpu

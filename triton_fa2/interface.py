@@ -16,7 +16,7 @@ from .dispatch import _attention_backward, _attention_forward
 from .ops import _run_attention, _run_decode, _run_varlen
 from .split_kv import _choose_num_splits
 from .tuning import tuning
-from .validation import (_check_causal, _check_inputs, _check_num_splits, _check_kvcache, _check_score_mods, _check_seqlens,
+from .validation import (_check_causal, _check_inputs, _check_num_splits, _check_kvcache, _check_rotary, _check_score_mods, _check_seqlens,
                                    _check_varlen, _refuse_unsupported)
 
 # %% ../nbs/97_interface.ipynb #cfa28366
@@ -127,14 +127,30 @@ def decode(q:torch.Tensor,                   # (B, Hq, Lq, D) queries of the new
                          mods=mods)
     return (o, lse) if return_lse else o
 
+# %% ../nbs/97_interface.ipynb #98b1c814
+def _rotate(x:torch.Tensor,          # (B, L, H, D) queries or keys
+            cos:torch.Tensor,        # (seqlen_ro, rotary_dim / 2)
+            sin:torch.Tensor,        # shaped as cos
+            positions:torch.Tensor,  # int64 (B, L): each token's position, a row of cos and sin
+            interleaved:bool,        # pairs (2i, 2i + 1); False: dim i with dim i + rotary_dim / 2
+           ) -> torch.Tensor:        # x with its first rotary_dim dims of every head rotated, in x's dtype
+    "flash-attn's rotary embedding: each pair of dims (x₁, x₂) turned by the angle whose cosine and sine sit at the token's position."
+    half = cos.shape[1]
+    c, s = (t[positions].float()[:, :, None, :] for t in (cos, sin))          # (B, L, 1, rotary_dim / 2)
+    turned = x[..., :2 * half].float()
+    x1, x2 = (turned[..., 0::2], turned[..., 1::2]) if interleaved else turned.chunk(2, dim=-1)
+    r1, r2 = x1 * c - x2 * s, x1 * s + x2 * c
+    turned = torch.stack((r1, r2), dim=-1).flatten(-2) if interleaved else torch.cat((r1, r2), dim=-1)
+    return torch.cat((turned.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
 # %% ../nbs/97_interface.ipynb #4a062385
 def flash_attn_with_kvcache(q:torch.Tensor,                # (B, Lq, Hq, D) the new tokens' queries, fp16 or bf16
                             k_cache:torch.Tensor,          # (B_cache, Lmax, Hkv, D), or (num_pages, page_size, Hkv, D) with block_table
                             v_cache:torch.Tensor,          # shaped as k_cache
                             k:torch.Tensor=None,           # (B, Lnew, Hkv, D): written into k_cache at cache_seqlens, in place
                             v:torch.Tensor=None,           # (B, Lnew, Hkv, D): written into v_cache
-                            rotary_cos=None,               # must be None: apply rotary embedding before the call
-                            rotary_sin=None,               # must be None
+                            rotary_cos=None,               # (seqlen_ro, rotary_dim / 2): rotate q and k (k required) before appending
+                            rotary_sin=None,               # shaped as rotary_cos
                             cache_seqlens=None,            # int, or int32 (B,): keys in each row before k, v are appended; None: all
                             cache_batch_idx=None,          # int32 (B,): the cache row of each batch row (contiguous caches)
                             cache_leftpad=None,            # int32 (B,): where each row's keys start (contiguous caches)
@@ -143,26 +159,29 @@ def flash_attn_with_kvcache(q:torch.Tensor,                # (B, Lq, Hq, D) the 
                             causal:bool=False,             # bottom-right: the queries are each sequence's last Lq tokens
                             window_size:tuple=(-1, -1),    # (left, right): query at key position p sees keys p − left … p + right
                             softcap:float=0.0,             # > 0: scores s become softcap · tanh(s / softcap)
-                            rotary_interleaved:bool=True,  # unused without rotary_cos
+                            rotary_interleaved:bool=True,  # pairs (2i, 2i + 1) (GPT-J); False: halves (GPT-NeoX)
                             alibi_slopes=None,             # (Hq,) or (B, Hq): bias −slope · |p − j| on each score
                             num_splits:int=0,              # key splits per sequence: 0 chooses, 1 does not split
                             return_softmax_lse:bool=False, # also return softmax_lse (B, Hq, Lq) float32
                             learnable_sink=None,           # (Hq,): one more logit per head in each row's softmax (14)
                            ):                              # out (B, Lq, Hq, D); with return_softmax_lse, (out, softmax_lse)
     "Drop-in for `flash_attn.flash_attn_with_kvcache`: append the new tokens' keys and values to a contiguous or paged cache, then attend."
-    if rotary_cos is not None or rotary_sin is not None:
-        raise NotImplementedError("rotary embedding inside flash_attn_with_kvcache is not implemented: rotate q and k before the "
-                                  "call (as transformers' apply_rotary_pos_emb does) and pass rotary_cos=None, rotary_sin=None")
     causal = _check_causal(causal)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise TypeError(f"num_splits must be an int ≥ 0 (0 chooses), got {num_splits!r}")
     seqlens, capacity = _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                        causal, softmax_scale)
     mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, q.shape[0], q.shape[2], q.device)
+    rotary = _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k, capacity)
     B, Lq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     if k is not None:                                            # in place, at each row's end, before attending
         positions = seqlens[:, None].long() + torch.arange(k.shape[1], device=q.device)
+        if rotary:
+            k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
+            incremental = causal or (mods is not None and mods[0] != (-1, -1))   # mods[0]: the window
+            q_positions = seqlens[:, None].long() + (torch.arange(Lq, device=q.device) if incremental else 0)
+            q = _rotate(q, rotary_cos, rotary_sin, q_positions.expand(B, Lq).clamp(max=rotary_cos.shape[0] - 1), rotary_interleaved)
         if block_table is None:
             rows = (torch.arange(B, device=q.device) if cache_batch_idx is None else cache_batch_idx.long())[:, None].expand_as(positions)
             k_cache[rows, positions], v_cache[rows, positions] = k, v

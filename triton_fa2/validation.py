@@ -259,3 +259,30 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, ca
     if cache_leftpad is not None and cache_seqlens is not None and cache_seqlens.device.type == "cpu" and B and (cache_leftpad > cache_seqlens).any():
         raise ValueError("cache_leftpad must not exceed cache_seqlens: a row's keys are [cache_leftpad, cache_seqlens)")
     return cache_seqlens, capacity
+
+def _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k, capacity:int) -> int:
+    """Check `flash_attn_with_kvcache`'s rotary embedding arguments against q (B, Lq, Hq, D), the new keys k and the keys a
+    cache row holds; return the rotary dim (0: no rotary embedding)."""
+    if rotary_cos is None and rotary_sin is None: return 0
+    if rotary_cos is None or rotary_sin is None:
+        raise ValueError("rotary_cos and rotary_sin must be given together (the rotation's cosines and sines) or not at all")
+    if k is None:
+        raise ValueError("rotary_cos and rotary_sin rotate q and the new keys k before k is appended: pass k and v with them "
+                         "(as flash-attn requires), or rotate q yourself and pass rotary_cos=None, rotary_sin=None")
+    for name, t in dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin).items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor (seqlen_ro, rotary_dim / 2), got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else _type_name(t)}")
+        if t.device != q.device: raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
+    if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape:
+        raise ValueError(f"rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2), got {tuple(rotary_cos.shape)} "
+                         f"and {tuple(rotary_sin.shape)}")
+    rotary_dim, head_dim = 2 * rotary_cos.shape[1], q.shape[-1]
+    if not 2 <= rotary_dim <= head_dim:
+        raise ValueError(f"rotary_dim = 2 · rotary_cos.shape[1] = {rotary_dim} must lie in [2, head_dim = {head_dim}]")
+    if rotary_cos.shape[0] < capacity:
+        raise ValueError(f"rotary_cos and rotary_sin hold {rotary_cos.shape[0]} positions, but a cache row holds {capacity} keys: "
+                         f"they must cover every position of the cache (seqlen_ro ≥ {capacity})")
+    if not isinstance(rotary_interleaved, (bool, np.bool_)):
+        raise TypeError(f"rotary_interleaved must be a bool, got {_type_name(rotary_interleaved)}")
+    return rotary_dim
