@@ -582,3 +582,48 @@ def test_gpu_our_kernel_first_in_the_autograd_thread(first):
         print("ok")''')
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_variants_gradients_land_in_the_packed_tensor(causal):
+    """flash-attn's packed entry points (qkv, kv; dense and packed end to end) as views of one leaf: their output and the
+    leaf's gradient against float64 autograd through the same views."""
+    from triton_fa2 import (flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_kvpacked_func,
+                            flash_attn_varlen_qkvpacked_func)
+    qkv = randn(2, 29, 3, 2, 48).requires_grad_()
+    cu = torch.tensor([0, 17, 29, 58], dtype=torch.int32, device=DEVICE)           # 17, 12 and 29 tokens
+    calls = {
+        "qkvpacked": (lambda t: flash_attn_qkvpacked_func(t, causal=causal), lambda t: t.unbind(2), None),
+        "kvpacked": (lambda t: flash_attn_kvpacked_func(t[:, :, 0], t[:, :, 1:], causal=causal), lambda t: t.unbind(2), None),
+        "varlen_qkvpacked": (lambda t: flash_attn_varlen_qkvpacked_func(t.flatten(0, 1), cu, 29, causal=causal),
+                             lambda t: t.flatten(0, 1).unbind(1), cu),
+        "varlen_kvpacked": (lambda t: flash_attn_varlen_kvpacked_func(t.flatten(0, 1)[:, 0], t.flatten(0, 1)[:, 1:], cu, cu, 29, 29,
+                                                                      causal=causal), lambda t: t.flatten(0, 1).unbind(1), cu),
+    }
+    for name, (call, unpack, cu_seqlens) in calls.items():
+        qkv.grad = None
+        out = call(qkv)
+        do = randn(*out.shape)
+        out.backward(do)
+        leaf = qkv.detach().double().requires_grad_()
+        q, k, v = unpack(leaf)
+        if cu_seqlens is None:
+            ref = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal, upcast=torch.float64)[0].transpose(1, 2)
+        else:
+            bounds = cu_seqlens.tolist()
+            ref = torch.cat([attention_ref(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), causal=causal,
+                                           upcast=torch.float64)[0][0].transpose(0, 1) for a, b in zip(bounds, bounds[1:])])
+        ref.backward(do.double())
+        assert (out.double() - ref).abs().max().item() <= 2e-3, name
+        check_grads([qkv.grad], [leaf.grad], torch.float16, names=(f"{name}: dqkv",))
+
+
+def test_packed_variants_have_flash_attns_signatures():
+    import inspect
+    import triton_fa2
+    common = ["dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "deterministic", "return_attn_probs"]
+    expected = {"flash_attn_qkvpacked_func": ["qkv"], "flash_attn_kvpacked_func": ["q", "kv"],
+                "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen"],
+                "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]}
+    for name, leading in expected.items():   # flash-attn 2's arguments in order, then FlashAttention-4's sink
+        assert list(inspect.signature(getattr(triton_fa2, name)).parameters) == leading + common + ["learnable_sink"], name
