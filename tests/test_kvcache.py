@@ -183,6 +183,30 @@ def test_rotary_embedding(interleaved, causal, window, page_size, rotary_dim):
     assert not out.isnan().any() and (out.double() - o_ref).abs().max().item() <= 4e-3
 
 
+def test_rotary_with_batch_idx_and_leftpad():
+    "Positions are indices into the cache row, left padding included (flash-attn's): row b's new keys sit at cache_seqlens[b] + i."
+    B, Hq, Hkv, D = 2, 4, 2, 16
+    cache_k, cache_v = (torch.randn(3, 24, Hkv, D, device=device, dtype=torch.float16) for _ in range(2))
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    leftpad = torch.tensor([5, 0], dtype=torch.int32, device=device)
+    lengths = torch.tensor([12, 7], dtype=torch.int32, device=device)
+    cache_k[2, :5] = float("nan")                                  # left padding: never read
+    q, k, v = torch.randn(B, 2, Hq, D, device=device, dtype=torch.float16), *(torch.randn(B, 2, Hkv, D, device=device, dtype=torch.float16) for _ in range(2))
+    angle = torch.rand(24, 8, device=device) * 2 * torch.pi
+    cos, sin = angle.cos(), angle.sin()                            # float32 tables are taken too
+    before_k, before_v = cache_k.clone(), cache_v.clone()
+    out = flash_attn_with_kvcache(q, cache_k, cache_v, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths, cache_batch_idx=idx,
+                                  cache_leftpad=leftpad, causal=True, rotary_interleaved=False)
+    at = lengths[:, None].long() + torch.arange(2, device=device)
+    k_ro, q_ro = rotated(k, cos, sin, at, False), rotated(q, cos, sin, at, False)
+    keys, values = [], []
+    for b, (row, pad, n) in enumerate(zip(idx.tolist(), leftpad.tolist(), lengths.tolist())):
+        assert (cache_k[row, n:n + 2].double() - k_ro[b]).abs().max() <= 2e-3 and torch.equal(cache_v[row, n:n + 2], v[b])
+        keys.append(torch.cat([before_k[row, pad:n].double(), k_ro[b]])); values.append(torch.cat([before_v[row, pad:n], v[b]]).double())
+    o_ref, _ = reference(q_ro, keys, values, [len(t) for t in keys], True)
+    assert not out.isnan().any() and (out.double() - o_ref).abs().max().item() <= 4e-3
+
+
 @pytest.mark.parametrize("change,message", [
     (dict(rotary_sin=None), "must be given together"),
     (dict(k=None, v=None), "pass k and v with them"),
