@@ -148,13 +148,25 @@ def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dty
     return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_gluon, **named)
 
 
+def compile_gluon_varlen(config, lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, mods=None):
+    "Compile a Gluon forward candidate over packed sequences (`gluon.launch_varlen`) for sequences of these lengths."
+    total = sum(lengths)
+    q, o = torch.empty(total, Hq, D, dtype=dtype), torch.empty(total, Hq, D, dtype=dtype)
+    k, v = (torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    named, _ = gluon._arguments(*gluon._packed_views(q, k, v, o), torch.empty(Hq, total), causal, D ** -0.5, config, mods,
+                                packed=(cu, cu, max(lengths)))
+    return compile_for_gpu(gluon._attn_fwd_gluon, **named)
+
+
 def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
     head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's),
-    the forward's also with every score modifier it takes (`gluon.takes`), causal and not."""
+    the forward's also with every score modifier it takes (`gluon.takes`), causal and not, and over packed sequences (varlen;
+    the one-warpgroup kernel's) with and without them."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):
         for pointers in (False, True):
@@ -194,6 +206,9 @@ def shipped():
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
             jobs.append((f"modifiers {c.label} D={D}", ("gluon_modifiers", D, c, None)))   # softcap, ALiBi, sinks: no spill
+            if gluon.takes(c, varlen=True):                    # packed sequences: plain, and with every modifier
+                jobs.append((f"varlen {c.label} D={D}", ("gluon_varlen", D, c, None)))
+                jobs.append((f"varlen modifiers {c.label} D={D}", ("gluon_varlen", D, c, "modifiers")))
     for D in (64, 128, 256):                                   # every score modifier at once, on each kernel that takes them
         for kernel in ("forward", "pointers", "varlen", "decode", "bwd_dkdv", "bwd_dq", "varlen_bwd_dkdv", "varlen_bwd_dq"):
             jobs.append((f"modifiers {kernel} D={D}", ("modifiers", D, None, kernel)))
@@ -223,6 +238,10 @@ def compile_job(job) -> list:
     elif kind == "gluon_modifiers":
         kernels = [(f"{config.label} {mask} with every modifier it takes",
                     gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=gluon._all_mods(32, config))) for mask in ("causal", "full")]
+    elif kind == "gluon_varlen":
+        mods = gluon._all_mods(32, config) if heads == "modifiers" else None
+        kernels = [(f"{config.label} {mask}" + (" with every modifier it takes" if mods else ""),
+                    compile_gluon_varlen(config, D=D, causal=mask == "causal", mods=mods)) for mask in ("causal", "full")]
     elif kind == "modifiers":
         kernels = [(f"{heads} with every modifier", MODIFIER_JOBS[heads](D))]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
