@@ -359,25 +359,46 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
                     scale:float, config:Candidate=None, block_table=None, mods=None) -> Candidate:
     """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
     (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
-    the candidate launched. `config` bypasses the choice."""
+    the candidate launched. `config` bypasses the choice. On sm_90 the Gluon kernels are candidates too where the dense
+    call's would be (`gluon.applies`: TMA views of all four, D 64 or 128, no window), and not over a paged pool: the one-warpgroup kernel's (`gluon.takes`)."""
     bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     total_q, Hq, D = q.shape
     signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config,
                            None if mods is None else tuple(_forward._mod_flags(mods, causal).values()))
     use_tma = (block_table is None and _forward._has_tma(q.device)      # packed K/V as (1, Hkv, total_k, D) views, as the dense path
                and _forward._descriptors_fit(*(t.unsqueeze(0).transpose(1, 2) for t in (k, v))))
-    run = lambda c: _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table, use_tma, mods)
+    views_fit = use_tma and _forward._descriptors_fit(*(t.unsqueeze(0).transpose(1, 2) for t in (q, o)))   # Q and O too
+    gluon_ok = block_table is None and _gluon_applies(q, D, views_fit, False, True, mods)
+    def run(c):
+        if c.kernel == "gluon":
+            return _gluon.launch_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, mods)
+        return _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table, use_tma, mods)
     flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        if config is None:
-            key = ("varlen", D, causal, *_tune_buckets(total_q * Hq, max_seqlen_k), 0 if block_table is None else k.shape[1],
-                   use_tma, *flags, str(q.dtype), str(q.device))
-            config = _PICKS.get(key)
-            if config is None or (key not in _TUNED and tuning_requested()):
-                config = _choose(key, prefill_candidates(D, not use_tma, _max_smem(q.device.index) if q.is_cuda else 0, varlen=True), run)
-        run(config)
+        if config is not None:                              # a test's candidate: its failure is what the test is for
+            if config.kernel == "gluon" and not (gluon_ok and _gluon.takes(config, mods, varlen=True)):
+                raise ValueError(f"{config.label} runs only on sm_90 with Gluon, through TMA views of the packed rows (not a "
+                                 "paged pool), for D 64 or 128 without a sliding window, on the one-warpgroup kernel")
+            run(config)
+            _WARM.add(signature)
+            return config
+        key = ("varlen", D, causal, *_tune_buckets(total_q * Hq, max_seqlen_k), 0 if block_table is None else k.shape[1],
+               use_tma, *flags, str(q.dtype), str(q.device))
+        pick = _PICKS.get(key)
+        if pick is None or (pick.kernel == "gluon" and not gluon_ok) or (key not in _TUNED and tuning_requested()):
+            smem = _max_smem(q.device.index) if q.is_cuda else 0
+            candidates = [c for c in prefill_candidates(D, not use_tma, smem, gluon=gluon_ok, varlen=True)
+                          if c.kernel != "gluon" or _gluon.takes(c, mods, varlen=True)]
+            pick = _choose(key, candidates, run)
+        try: run(pick)
+        except Exception as e:
+            if pick.kernel != "gluon": raise
+            _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
+            del _PICKS[key]                                 # the `tl` kernel's own pick serves from now on
+            return _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                   block_table=block_table, mods=mods)
         _WARM.add(signature)
-    return config
+    return pick
 
 # %% ../nbs/94_dispatch.ipynb #a5015c0b
 def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int,
