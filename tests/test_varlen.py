@@ -263,3 +263,204 @@ def test_descriptor_and_pointer_paths_agree_and_ignore_rows_past_the_sequences(c
         varlen.launch(q, k, v, o, lse, cu_q, cu_k, max(lengths_q), causal, D ** -0.5, candidate, None, use_tma)
         assert not o.isnan().any(), use_tma
         assert (o.double() - ref).abs().max().item() < TOL[torch.float16], use_tma
+
+
+# Packed sequences on the Gluon forward kernels (sm_90; notebooks 11 and 13)
+from triton_fa2 import candidates as _candidates, gluon as _gluon
+from triton_fa2.candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, WARP_SPECIALIZED_HEAD_DIMS, Candidate
+from triton_fa2.score_mods import ScoreMods
+
+GLUON_64 = next(c for c in PREFILL_GLUON if not c.WARP_SPECIALIZE and not c.Q_IN_REGS)   # "gluon 64x64 w4 s2"
+GLUON_WS = next(c for c in PREFILL_GLUON if c.WARP_SPECIALIZE)
+
+
+def gluon_inputs(lengths, Hq=4, Hkv=2, D=64, dtype=torch.float16):
+    tq = sum(lengths)
+    q = torch.randn(tq, Hq, D, device=device, dtype=dtype)
+    k, v = (torch.randn(tq, Hkv, D, device=device, dtype=dtype) for _ in range(2))
+    return q, k, v, torch.full_like(q, float("nan")), torch.full((Hq, tq), float("nan"), device=device), offsets(lengths)
+
+
+def test_the_varlen_dispatch_offers_gluon_where_it_applies(monkeypatch):
+    """As on an H200 (`gluon.usable` says yes): the Gluon candidates are offered for packed K/V through TMA views at D 64
+    and 128 (the ws kernel's at 128 only, and not with ALiBi), never over a paged pool or with a window; an explicit Gluon
+    config goes to `gluon.launch_varlen` with the modifiers, and is refused by name where it cannot run."""
+    monkeypatch.setattr(_gluon, "usable", lambda q: True)
+    monkeypatch.setattr(dispatch, "_PICKS", {})
+    offered, launched = [], []
+    real = dispatch.prefill_candidates
+    def candidates_seen(*args, **kwargs):
+        with monkeypatch.context() as m:                     # the GPU's tables, not the interpreter's one tile
+            m.setattr(_candidates, "interpreting", lambda: False)
+            offered.append([c for c in real(*args, **kwargs) if c.kernel == "gluon"])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(dispatch, "prefill_candidates", candidates_seen)
+    monkeypatch.setattr(dispatch._forward, "_has_tma", lambda device: True)
+    def stand_in(q, k, v, o, lse, cu_q, cu_k, max_seqlen_q, causal, scale, config, mods=None):
+        launched.append((config, mods))
+        o.copy_(reference(q, k, v, cu_q, cu_k, causal, scale)[0])
+    monkeypatch.setattr(_gluon, "launch_varlen", stand_in)
+    alibi = ScoreMods(alibi_slopes=torch.rand(2, 4, device=device))
+    one_warpgroup = [c for c in PREFILL_GLUON if not c.WARP_SPECIALIZE]           # the ws kernel: not over packed sequences
+    for D, mods, expected in ((64, None, one_warpgroup), (128, None, one_warpgroup), (128, alibi, one_warpgroup), (32, None, []),
+                              (128, ScoreMods(window_size=(8, 0)), [])):
+        q, k, v, o, lse, cu = gluon_inputs([9, 20], D=D)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, D ** -0.5, mods=mods)
+        assert [c for c in offered[-1] if _gluon.takes(c, mods, varlen=True)] == expected, (D, mods)   # the dispatcher's filter
+        if expected:
+            o.fill_(float("nan"))
+            assert dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, D ** -0.5, config=expected[0], mods=mods) is expected[0]
+            assert launched[-1] == (expected[0], mods) and not o.isnan().any()
+        else:
+            with pytest.raises(ValueError, match="runs only on sm_90"):
+                dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, D ** -0.5, config=GLUON_64, mods=mods)
+    q, k, v, o, lse, cu = gluon_inputs([9, 20], D=128)
+    with pytest.raises(ValueError, match="on the one-warpgroup kernel"):
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.1, config=GLUON_WS)
+    pool = torch.randn(4, 16, 2, 128, device=device, dtype=torch.float16)           # a paged pool: the `tl` kernel alone
+    table = torch.arange(4, dtype=torch.int32, device=device).view(2, 2)
+    dispatch._varlen_forward(q, pool, pool, o, lse, cu, cu, 20, 20, True, 0.1, block_table=table)
+    assert offered[-1] == []
+    with pytest.raises(ValueError, match="not a paged pool"):
+        dispatch._varlen_forward(q, pool, pool, o, lse, cu, cu, 20, 20, True, 0.1, config=GLUON_64, block_table=table)
+    monkeypatch.setattr(_gluon, "usable", lambda q: False)                          # not sm_90 (or Gluon off): never
+    dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, False, 0.1)
+    assert offered[-1] == []
+    with pytest.raises(ValueError, match="runs only on sm_90"):
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.1, config=GLUON_64)
+
+
+def test_a_varlen_gluon_pick_that_fails_falls_back_to_the_tl_kernel_once(monkeypatch):
+    "The dispatcher's Gluon pick failing at run time: one warning, the `tl` kernel's result, as the dense call's fallback."
+    import warnings
+    q, k, v, o, lse, cu = gluon_inputs([9, 0, 20], D=64)
+    monkeypatch.setattr(dispatch, "_PICKS", {})
+    monkeypatch.setattr(dispatch._forward, "_has_tma", lambda device: True)
+    dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.125)         # chooses: the `tl` kernel's pick
+    (key,) = dispatch._PICKS
+    monkeypatch.setitem(dispatch._PICKS, key, GLUON_64)                              # as if the Gluon kernel had won
+    monkeypatch.setattr(_gluon, "_DISABLED", [])
+    monkeypatch.setattr(_gluon, "usable", lambda q: not _gluon._DISABLED)
+    def broken(*args, **kwargs): raise RuntimeError("a Gluon API this code does not know")
+    monkeypatch.setattr(_gluon, "launch_varlen", broken)
+    ref, _ = reference(q, k, v, cu, cu, True, 0.125)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            o.fill_(float("nan"))
+            config = dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.125)
+            assert config.kernel == "tl" and dispatch._PICKS[key] is config
+            assert (o.double() - ref).abs().max().item() < TOL[torch.float16]
+    messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
+    assert len(messages) == 1 and "gluon 64x64 w4 s2 failed (RuntimeError" in messages[0]
+    monkeypatch.setattr(_gluon, "usable", lambda q: True)
+    with pytest.raises(RuntimeError, match="does not know"):                         # a config given explicitly still raises
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.125, config=GLUON_64)
+
+
+def test_the_gluon_varlen_arguments():
+    "A program per (Q block of the longest sequence, sequence, head); the (1, H, total, D) views; the dense launch unchanged."
+    lengths = [0, 1, 37, 300]
+    q, k, v, o, lse, cu = gluon_inputs(lengths, Hq=8, Hkv=2, D=128, dtype=torch.bfloat16)
+    config = GLUON_64
+    named, grid = _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, config, packed=(cu, cu, 300))
+    assert grid == -(-300 // config.BLOCK_M) * len(lengths) * 8 and named["VARLEN"] and named["seqlen_q"] == 300
+    assert named["q_desc"].shape == [1, 8, 338, 128] and named["k_desc"].shape == [1, 2, 338, 128]
+    assert (named["stride_om"], named["stride_oh"], named["stride_lse_h"]) == (8 * 128, 128, 338)
+    dense, _ = _gluon._arguments(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v, o)), lse[None], True, 0.1, config)
+    assert not dense["VARLEN"] and dense["CU_SEQLENS_Q"] is None and dense["O"] is None
+    assert [n for n in _gluon.ARG_NAMES if n not in dense] == []                   # every parameter named: the saved launch
+    with pytest.raises(ValueError, match="not the ws kernel"):
+        _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, GLUON_WS, packed=(cu, cu, 300))
+
+
+def gluon_mods(name, Hq, batch):
+    return {"none": None, "softcap": ScoreMods(softcap=3.0), "sinks": ScoreMods(learnable_sink=torch.randn(Hq, device=device) * 2),
+            "softcap and sinks": ScoreMods(softcap=3.0, learnable_sink=torch.randn(Hq, device=device) * 2),
+            "alibi": ScoreMods(alibi_slopes=torch.rand(batch, Hq, device=device))}[name]
+
+
+def sequence_reference(q, k, v, cu_q, cu_k, causal, scale, mods):
+    "The float64 reference of each sequence alone, with the score modifiers (ALiBi's slopes per sequence): O and LSE packed."
+    from triton_fa2.naive import attention_ref
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
+    mods = mods or ScoreMods()
+    for b in range(cu_q.numel() - 1):
+        (q0, q1), (k0, k1) = cu_q[b:b + 2].tolist(), cu_k[b:b + 2].tolist()
+        if q1 == q0: continue
+        slopes = None if mods.alibi_slopes is None else mods.alibi_slopes[b]
+        o, l = attention_ref(*(t[a:z].transpose(0, 1)[None] for t, a, z in ((q, q0, q1), (k, k0, k1), (v, k0, k1))),
+                             causal=causal, scale=scale, upcast=torch.float64, softcap=mods.softcap, alibi_slopes=slopes,
+                             learnable_sink=mods.learnable_sink)
+        out[q0:q1], lse[:, q0:q1] = o[0].transpose(0, 1), l[0]
+    return out, lse
+
+
+on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+LENGTHS_Q = [0, 1, 37, 129, 1500, 64, 20]                   # empty, one query, odd, a block and one row, one long, exact
+LENGTHS_K = {"self": LENGTHS_Q,
+             "chunked": [3, 70, 20, 200, 1600, 64, 0]}      # Lq ≠ Lk: Lq < Lk, Lq > Lk (rows that see no key), no keys at all
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90, reason="the Gluon kernels run on sm_90 only")
+@pytest.mark.parametrize("keys", list(LENGTHS_K))
+@pytest.mark.parametrize("mods_name", ["none", "softcap", "sinks", "softcap and sinks", "alibi"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_every_gluon_candidate_over_packed_sequences(D, dtype, causal, mods_name, keys):
+    """Every Gluon candidate that takes packed sequences, GQA 4:1, against each sequence's float64 reference, into NaN-poisoned
+    o and lse with 3 rows past the last sequence, which stay NaN as the `tl` kernel leaves them; then each sequence alone
+    (offsets of that sequence only) leaves every other row NaN and gives its rows bit for bit."""
+    Hq, Hkv = 8, 2
+    lengths_k = LENGTHS_K[keys]
+    cu_q, cu_k = offsets(LENGTHS_Q), offsets(lengths_k)
+    tq, tk = sum(LENGTHS_Q), sum(lengths_k)
+    q = torch.randn(tq + 3, Hq, D, device=device, dtype=dtype)
+    k, v = (torch.randn(tk, Hkv, D, device=device, dtype=dtype) for _ in range(2))
+    mods = gluon_mods(mods_name, Hq, len(LENGTHS_Q))
+    scale = D ** -0.5
+    o_ref, lse_ref = sequence_reference(q[:tq], k, v, cu_q, cu_k, causal, scale, mods)
+    tol = {torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
+    configs = [c for c in PREFILL_GLUON if D in GLUON_HEAD_DIMS and _gluon.takes(c, mods, varlen=True)]
+    assert configs
+    for config in configs:
+        o, lse = torch.full_like(q, float("nan")), torch.full((Hq, tq + 3), float("nan"), device=device)
+        assert dispatch._varlen_forward(q, k, v, o, lse, cu_q, cu_k, max(LENGTHS_Q), max(lengths_k), causal, scale, config=config,
+                                        mods=mods) is config
+        assert o[tq:].isnan().all() and lse[:, tq:].isnan().all(), config.label          # rows no sequence owns: untouched
+        assert not o[:tq].isnan().any() and not lse[:, :tq].isnan().any(), config.label
+        err = ((o[:tq].double() - o_ref).abs().max() / o_ref.abs().max().clamp(min=1)).item()
+        assert err <= tol, (config.label, err)
+        finite = lse_ref.isfinite()
+        assert torch.equal(lse[:, :tq].isfinite(), finite), config.label
+        assert (lse[:, :tq].double()[finite] - lse_ref[finite]).abs().max() <= 1e-3, config.label
+        for b in range(len(LENGTHS_Q)):                      # one sequence alone: nothing outside its rows is written
+            (q0, q1), (k0, k1) = cu_q[b:b + 2].tolist(), cu_k[b:b + 2].tolist()
+            one_mods = mods if mods is None or mods.alibi_slopes is None else mods._replace(alibi_slopes=mods.alibi_slopes[b:b + 1])
+            o1, lse1 = torch.full_like(q, float("nan")), torch.full((Hq, tq + 3), float("nan"), device=device)
+            dispatch._varlen_forward(q, k, v, o1, lse1, cu_q[b:b + 2], cu_k[b:b + 2], q1 - q0, k1 - k0, causal, scale,
+                                     config=config, mods=one_mods)
+            assert o1[:q0].isnan().all() and o1[q1:].isnan().all() and lse1[:, :q0].isnan().all() and lse1[:, q1:].isnan().all(), \
+                (config.label, b)
+            assert torch.equal(o1[q0:q1], o[q0:q1]) and torch.equal(lse1[:, q0:q1], lse[:, q0:q1]), (config.label, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_sm90, reason="the Gluon kernels run on sm_90 only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_gluon_varlen_overflow_redoes_the_block(dtype):
+    "A sequence's key 0 scoring far above its later rows' diagonal maximum: P overflows, the block is redone online from that sequence's keys."
+    lengths = [300, 700, 129]
+    cu = offsets(lengths)
+    q = torch.randn(sum(lengths), 4, 128, device=device, dtype=dtype).abs()
+    k, v = (torch.randn(sum(lengths), 4, 128, device=device, dtype=dtype) for _ in range(2))
+    k[300] = 30.0                                            # the second sequence's first key
+    ref, _ = sequence_reference(q, k, v, cu, cu, True, 128 ** -0.5, None)
+    for config in [c for c in PREFILL_GLUON if _gluon.takes(c, varlen=True)]:
+        o, lse = torch.full_like(q, float("nan")), torch.full((4, sum(lengths)), float("nan"), device=device)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 700, 700, True, 128 ** -0.5, config=config)
+        err = ((o.double() - ref).abs().max() / ref.abs().max().clamp(min=1)).item()
+        assert not o.isnan().any() and err <= TOL[dtype], (config.label, err)
