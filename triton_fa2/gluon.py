@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from .candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, Candidate
 from .forward import LOG2E, _kv_key_bounds, _normalize_rows, _program_block
-from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
 from .validation import _capability
 from .varlen import _sequence
 
@@ -76,9 +76,9 @@ def _v_tile(bars, smem, index, start_n, seqlen_k, VARLEN: gl.constexpr, NUM_WARP
     return v
 
 @gluon.jit
-def _load_row(t, n_online, online_lo, BLOCK_N: gl.constexpr):
-    "First key of load t: the masked run's tiles first (from `online_lo`), then the unmasked ones from key 0."
-    return gl.where(t < n_online, online_lo + t * BLOCK_N, (t - n_online) * BLOCK_N)
+def _load_row(t, n_online, online_lo, BLOCK_N: gl.constexpr, fixed_lo=0):
+    "First key of load t: the masked run's tiles first (from `online_lo`), then the others from `fixed_lo` (key 0 but in a window)."
+    return gl.where(t < n_online, online_lo + t * BLOCK_N, fixed_lo + (t - n_online) * BLOCK_N)
 
 @gluon.jit
 def _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
@@ -95,6 +95,25 @@ def _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.
     return end, full_end, online_lo, gl.cdiv(gl.maximum(end - online_lo, 0), BLOCK_N), online_lo // BLOCK_N
 
 @gluon.jit
+def _window_plan(first_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 ALIBI: gl.constexpr = False):
+    """`_key_plan` for a sliding window, from 14's `_window_key_bounds`: only the tiles of keys [lo, end) exist. The online
+    run takes the tiles from the one holding the block's first row's last visible key (every row sees a key there, as
+    with the causal mask) to `end`; the fixed run the tiles from `lo` up to it, those below `full_lo` (the window's left
+    edge) masked. Where no tile is unmasked for every row (a window narrower than the block), every tile is online. With
+    ALIBI the online run starts no later than the first row's own key position, as in `_key_plan`. Returns `_key_plan`'s
+    five, then `fixed_lo` (= lo) and `full_lo`."""
+    last_pos = gl.minimum(first_pos + BLOCK_M, seqlen_q) - 1
+    lo, full_lo, full_end, end = _window_key_bounds(first_pos, last_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
+    offset = seqlen_k - seqlen_q
+    first_last = gl.minimum(gl.maximum(first_pos + offset + window_right, 0), gl.maximum(seqlen_k - 1, 0))
+    online_lo = (first_last // BLOCK_N) * BLOCK_N
+    if ALIBI: online_lo = gl.minimum(online_lo, (gl.minimum(gl.maximum(first_pos + offset, 0), seqlen_k) // BLOCK_N) * BLOCK_N)
+    online_lo = gl.where(full_end <= full_lo, lo, gl.minimum(gl.maximum(online_lo, lo), full_end))
+    n_online = gl.cdiv(gl.maximum(end - online_lo, 0), BLOCK_N)
+    return end, full_end, online_lo, n_online, gl.maximum(online_lo - lo, 0) // BLOCK_N, lo, full_lo
+
+@gluon.jit
 def _mods_start(m_i, l_i, mods, off_z, off_h, ALIBI: gl.constexpr, SINK: gl.constexpr):
     """The score modifiers' per-row state for a block of one head's rows, by 14's `_rows_start`. `mods`: the kernel's
     (softcap_scale, softcap_log2, SLOPES, stride_slopes_z, SINKS). Returns the softmax's starting (m_i, l_i), the sink's
@@ -108,13 +127,20 @@ def _mods_start(m_i, l_i, mods, off_z, off_h, ALIBI: gl.constexpr, SINK: gl.cons
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offset, qk_scale, logit_mods, CAUSAL: gl.constexpr,
-                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False, window=None):
     """Online softmax of one tile of raw scores (masked from `full_end` on): P (float32), α, the new running sum and max.
-    The logits are 14's `_score_mod`: S·scale, or softcapped and ALiBi-biased (`logit_mods` from `_mods_start`)."""
+    The logits are 14's `_score_mod`: S·scale, or softcapped and ALiBi-biased (`logit_mods` from `_mods_start`). With
+    WINDOW, `window` = (full_lo, window_left, window_right): tiles below full_lo are masked too, by 14's `_visible`."""
     softcap_scale, softcap_log2, slope_log2 = logit_mods
     qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2,
                     SOFTCAP, ALIBI)                             # base-2 logits, whatever the scale's sign
-    if start_n >= full_end:
+    if WINDOW:
+        full_lo, window_left, window_right = window
+        if (start_n >= full_end) | (start_n < full_lo):
+            visible = _visible(offs_m[:, None], (start_n + offs_n)[None, :], seqlen_k, offset, window_left, window_right,
+                               CAUSAL, True)
+            qk = gl.where(visible, qk, float("-inf"))
+    elif start_n >= full_end:
         cols = start_n + offs_n
         visible = cols[None, :] < seqlen_k
         if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + offset)
@@ -126,11 +152,19 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
     return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
 
 @gluon.jit
-def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+             WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False):
     """P of an unmasked tile of raw scores, each row's maximum `m_fixed` ((rows, 1)) fixed: 2^(logit − m), one FMA and one
-    exp2 per score without the modifiers; with them the logit is `_score_mod`'s, as in the masked run."""
+    exp2 per score without the modifiers; with them the logit is `_score_mod`'s, as in the masked run. With WINDOW the
+    tiles of the window's left edge (below `window`'s full_lo) are masked, as `_softmax_tile` masks them."""
     softcap_scale, softcap_log2, slope_log2 = logit_mods
     qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, ALIBI)
+    if WINDOW:
+        full_lo, window_left, window_right = window
+        if start_n < full_lo:
+            visible = _visible(offs_m[:, None], (start_n + offs_n)[None, :], seqlen_k, offset, window_left, window_right,
+                               CAUSAL, True)
+            qk = gl.where(visible, qk, float("-inf"))
     return gl.exp2(qk - m_fixed)
 
 # %% ../nbs/11_gluon.ipynb #d0e2059e
@@ -153,19 +187,21 @@ def _store_rows(O, o, row0, first_pos, seqlen, stride_om):
     ptrs = O + (row0 + rows).to(gl.int64)[:, None] * stride_om + cols[None, :]
     gl.store(ptrs, o, mask=(rows < seqlen)[:, None] & (cols < o.shape[1])[None, :])
 
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size", "stride_slopes_z", "stride_lse_h"])
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size", "stride_slopes_z", "stride_lse_h",
+                              "window_left", "window_right"])
 def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H, L, D) views, tiles (1, 1, rows, D)
                     LSE,                                   # (B, Hq, Lq) float32, contiguous
                     seqlen_q, seqlen_k, num_heads, group_size,   # with VARLEN: the longest query sequence, total_k
                     qk_scale,                              # softmax scale · log2(e)
                     softcap_scale, softcap_log2,           # with SOFTCAP: scale / c and c · log2(e) (14)
                     SLOPES, stride_slopes_z, SINKS,        # with ALIBI: float32 slopes (B or 1, Hq); with SINK: float32 sinks (Hq,)
+                    window_left, window_right,             # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
                     CU_SEQLENS_Q, CU_SEQLENS_K,            # with VARLEN (13): int32 (batch + 1,), (1, H, total, D) views, LSE (Hq, total_q)
                     O, stride_om, stride_oh, stride_lse_h, #   O's packed (total_q, Hq, D) rows for the masked store; else all None
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr,
                     SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False,   # 14's modifiers
-                    VARLEN: gl.constexpr = False):
+                    VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False):
     dtype: gl.constexpr = q_desc.dtype
     start_m, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_q, BLOCK_M), CAUSAL)   # as the `tl` kernels
     off_z = off_zh // num_heads
@@ -201,14 +237,21 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
 
     offset = seqlen_k - seqlen_q                        # bottom-right: query i sees keys 0 … i + offset
     first_pos = start_m * BLOCK_M
-    end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
-                                                         ALIBI=ALIBI)
-    n_loads = n_online + n_fixed                       # load t: key tile online_lo/BLOCK_N + t, then t − n_online
+    if WINDOW:   # only the window's tiles exist: the fixed run starts at its first (`_window_plan`)
+        end, full_end, online_lo, n_online, n_fixed, fixed_lo, full_lo = _window_plan(
+            first_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, ALIBI=ALIBI)
+    else:
+        end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                                                CAUSAL=CAUSAL, ALIBI=ALIBI)
+        fixed_lo = 0
+        full_lo = 0
+    window = (full_lo, window_left, window_right)
+    n_loads = n_online + n_fixed                       # load t: key tile online_lo/BLOCK_N + t, then fixed_lo/BLOCK_N + t − n_online
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _tma_load(q_desc, [view_z, off_h, q_start + first_pos, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):                  # fill the rings
-        row = _load_row(i, n_online, online_lo, BLOCK_N=BLOCK_N)
+        row = _load_row(i, n_online, online_lo, BLOCK_N=BLOCK_N, fixed_lo=fixed_lo)
         _issue_load(k_desc, view_z, off_hkv, k_start + row, k_bars, k_smem, i, i < n_loads)
         _issue_load(v_desc, view_z, off_hkv, k_start + row, v_bars, v_smem, i, i < n_loads)
     mbarrier.wait(q_bar, 0)
@@ -229,13 +272,14 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
         k = _wait_slot(k_bars, k_smem, t)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, online_lo + t * BLOCK_N, full_end, seqlen_k,
-                                           offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                                           offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                           WINDOW=WINDOW, window=window)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
         acc_tok = warpgroup_mma(p16, _v_tile(v_bars, v_smem, t, online_lo + t * BLOCK_N, seqlen_k, VARLEN, num_warps),
                                 warpgroup_mma_init(acc), is_async=True)
         acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
-        row = _load_row(t + STAGES, n_online, online_lo, BLOCK_N=BLOCK_N)
+        row = _load_row(t + STAGES, n_online, online_lo, BLOCK_N=BLOCK_N, fixed_lo=fixed_lo)
         _issue_load(k_desc, view_z, off_hkv, k_start + row, k_bars, k_smem, t + STAGES, t + STAGES < n_loads)  # slot t is free again
         _issue_load(v_desc, view_z, off_hkv, k_start + row, v_bars, v_smem, t + STAGES, t + STAGES < n_loads)
     m_fixed = gl.where(m_i == float("-inf"), 0.0, m_i)[:, None]   # a row that saw none of them sees no key: P stays 0
@@ -252,43 +296,45 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
         k = _wait_slot(k_bars, k_smem, n_online)
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
         if P_SMEM:
-            p = _fixed_p(s, m_fixed, offs_m, offs_n, 0, offset, qk_scale, logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+            p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo, offset, qk_scale, logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                         WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL)
             l_i = l_i + gl.sum(p, 1)
             p_smem.index(0).store(p.to(dtype))
             fence_async_shared()
         acc_tok = warpgroup_mma_init(acc)
         for step in range(0, n_fixed - 1):
             t = n_online + step
-            _issue_load(k_desc, view_z, off_hkv, k_start + (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
+            _issue_load(k_desc, view_z, off_hkv, k_start + fixed_lo + (t + STAGES - n_online) * BLOCK_N, k_bars, k_smem, t + STAGES,
                         t + STAGES < n_loads)                             # K's slot t: QKᵀ(t) is done
             k = _wait_slot(k_bars, k_smem, t + 1)
             s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             if P_SMEM:
                 acc_tok = warpgroup_mma(p_smem.index(step % 2), _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))                  # QKᵀ(t+1) done; PV(t) may still run
-                p = _fixed_p(s, m_fixed, offs_m, offs_n, (step + 1) * BLOCK_N, offset, qk_scale, logit_mods,
-                             SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo + (step + 1) * BLOCK_N, offset, qk_scale, logit_mods,
+                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL)
                 l_i = l_i + gl.sum(p, 1)
                 p_smem.index((step + 1) % 2).store(p.to(dtype))           # PV(t−1), its last reader, is retired
                 fence_async_shared()
                 acc_tok = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc_tok,)))
             else:
-                p = _fixed_p(s, m_fixed, offs_m, offs_n, step * BLOCK_N, offset, qk_scale, logit_mods,
-                             SOFTCAP=SOFTCAP, ALIBI=ALIBI)                 # one FMA and one exp2 per score
+                p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo + step * BLOCK_N, offset, qk_scale, logit_mods,
+                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k,
+                             CAUSAL=CAUSAL)                                # one FMA and one exp2 per score
                 l_i = l_i + gl.sum(p, 1)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
                 s, acc_now, p16 = warpgroup_mma_wait(0, deps=(s_tok, acc_tok, p16))
                 acc_tok = warpgroup_mma_init(acc_now)
-            _issue_load(v_desc, view_z, off_hkv, k_start + (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
+            _issue_load(v_desc, view_z, off_hkv, k_start + fixed_lo + (t + STAGES - n_online) * BLOCK_N, v_bars, v_smem,
                         t + STAGES, t + STAGES < n_loads)                 # V's slot t: PV(t) is done
         t_last = n_online + n_fixed - 1
         if P_SMEM:
             acc_tok = warpgroup_mma(p_smem.index((n_fixed - 1) % 2), _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc_tok,))
         else:
-            p = _fixed_p(s, m_fixed, offs_m, offs_n, (n_fixed - 1) * BLOCK_N, offset, qk_scale, logit_mods,
-                         SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+            p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo + (n_fixed - 1) * BLOCK_N, offset, qk_scale, logit_mods,
+                         SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL)
             l_i = l_i + gl.sum(p, 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
@@ -298,10 +344,10 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
         finite = (l_i < float("inf")) & (gl.convert_layout(gl.sum(gl.abs(acc), 1), rows_s) < float("inf"))
         if VARLEN: finite = finite | (offs_m >= seqlen_q)   # rows past the sequence's end hold the next one's queries
         if gl.min(finite.to(gl.int32), 0) == 0:
-            n_all = gl.cdiv(end, BLOCK_N)
+            n_all = gl.cdiv(end - fixed_lo, BLOCK_N)            # from the window's first tile (key 0 without one)
             for i in gl.static_range(STAGES):
-                _issue_load(k_desc, view_z, off_hkv, k_start + i * BLOCK_N, k_bars, k_smem, n_loads + i, i < n_all)
-                _issue_load(v_desc, view_z, off_hkv, k_start + i * BLOCK_N, v_bars, v_smem, n_loads + i, i < n_all)
+                _issue_load(k_desc, view_z, off_hkv, k_start + fixed_lo + i * BLOCK_N, k_bars, k_smem, n_loads + i, i < n_all)
+                _issue_load(v_desc, view_z, off_hkv, k_start + fixed_lo + i * BLOCK_N, v_bars, v_smem, n_loads + i, i < n_all)
             m_i, l_i, _ = _mods_start(gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_s),
                                       gl.zeros([BLOCK_M], gl.float32, layout=rows_s), mods, off_z, off_h, ALIBI=ALIBI,
                                       SINK=SINK)   # the sink's start again
@@ -309,15 +355,18 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
             for t in range(0, n_all):
                 k = _wait_slot(k_bars, k_smem, n_loads + t)
                 s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
-                p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, t * BLOCK_N, full_end, seqlen_k,
-                                                   offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, fixed_lo + t * BLOCK_N, full_end, seqlen_k,
+                                                   offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                                   WINDOW=WINDOW, window=window)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-                acc_tok = warpgroup_mma(p16, _v_tile(v_bars, v_smem, n_loads + t, t * BLOCK_N, seqlen_k, VARLEN, num_warps),
+                acc_tok = warpgroup_mma(p16, _v_tile(v_bars, v_smem, n_loads + t, fixed_lo + t * BLOCK_N, seqlen_k, VARLEN, num_warps),
                                         warpgroup_mma_init(acc), is_async=True)
                 acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
-                _issue_load(k_desc, view_z, off_hkv, k_start + (t + STAGES) * BLOCK_N, k_bars, k_smem, n_loads + t + STAGES, t + STAGES < n_all)
-                _issue_load(v_desc, view_z, off_hkv, k_start + (t + STAGES) * BLOCK_N, v_bars, v_smem, n_loads + t + STAGES, t + STAGES < n_all)
+                _issue_load(k_desc, view_z, off_hkv, k_start + fixed_lo + (t + STAGES) * BLOCK_N, k_bars, k_smem, n_loads + t + STAGES,
+                            t + STAGES < n_all)
+                _issue_load(v_desc, view_z, off_hkv, k_start + fixed_lo + (t + STAGES) * BLOCK_N, v_bars, v_smem, n_loads + t + STAGES,
+                            t + STAGES < n_all)
 
     o, lse = _epilogue(acc, l_i, m_i, rows_o)
     if VARLEN:   # the sequence's rows only: the next sequence's follow them
@@ -364,18 +413,18 @@ def usable(q) -> bool:
     return not _DISABLED
 
 def applies(q, head_dim:int, use_tma:bool, pack_gqa:bool, fixed_max:bool, mods:ScoreMods=None) -> bool:
-    """Whether the Gluon forward kernels may run this call: `usable`, TMA views, unpacked rows, D 64/128, the fixed maximum;
-    of the score modifiers (`mods`, 14) softcap, ALiBi and sinks, not a sliding window (the `tl` kernel's)."""
-    no_window = mods is None or not _mod_flags(mods, causal=False)["WINDOW"]
-    return use_tma and not pack_gqa and fixed_max and no_window and head_dim in GLUON_HEAD_DIMS and usable(q)
+    """Whether the Gluon forward kernels may run this call: `usable`, TMA views, unpacked rows, D 64/128, the fixed maximum.
+    Which candidates take the score modifiers (`mods`, 14) is `takes`'s question."""
+    return use_tma and not pack_gqa and fixed_max and head_dim in GLUON_HEAD_DIMS and usable(q)
 
 def takes(config:Candidate, mods:ScoreMods=None, varlen:bool=False) -> bool:
-    """Whether a Gluon candidate runs these score modifiers (a call `applies` allows): the one-warpgroup kernel softcap,
-    ALiBi and sinks; the ws kernel softcap and sinks, not ALiBi (with it Triton 3.6's ptxas spilled, or crashed beside softcap).
-    Packed sequences (`varlen`, 13): the one-warpgroup kernel alone (zeroing the V rows past a sequence made the ws
-    kernel's consumers spill)."""
-    if varlen and config.WARP_SPECIALIZE: return False
-    return not (config.WARP_SPECIALIZE and mods is not None and mods.alibi_slopes is not None)
+    """Whether a Gluon candidate runs these score modifiers (a call `applies` allows): the one-warpgroup kernel every one,
+    a sliding window too; the ws kernel softcap and sinks, not ALiBi (with it Triton 3.6's ptxas spilled, or crashed beside
+    softcap) and not a window. Packed sequences (`varlen`, 13): the one-warpgroup kernel alone (zeroing the V rows past a
+    sequence made the ws kernel's consumers spill)."""
+    if not config.WARP_SPECIALIZE: return True
+    if varlen: return False
+    return mods is None or (mods.alibi_slopes is None and not _mod_flags(mods, causal=False)["WINDOW"])
 
 # %% ../nbs/11_gluon.ipynb #9ea9a4b7
 @functools.lru_cache
@@ -395,7 +444,7 @@ def _ws_maxnreg(consumer_regs:int) -> int:
 
 def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None, packed:tuple=None) -> tuple:
     """The kernel's arguments by name (and the launch's `maxnreg` for the ws kernel), and the grid's size: a program per
-    (block of BLOCK_M rows, batch, query head). `mods`: softcap, ALiBi and sinks (14), or None. `packed`: packed
+    (block of BLOCK_M rows, batch, query head). `mods`: a window, softcap, ALiBi and sinks (14), or None. `packed`: packed
     sequences (13), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q), with q, k, v, o the (1, H, total, D) views of the packed
     rows and lse (Hq, total_q): a program per (block of the longest sequence's rows, sequence, query head)."""
     B, Hq, Lq, D = q.shape
@@ -403,10 +452,10 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
     if config.WARP_SPECIALIZE and config.BLOCK_M != 128:
         raise ValueError(f"the ws kernel has two consumer warpgroups of 64 rows: BLOCK_M = 128, not {config.BLOCK_M}")
     flags = _mod_flags(mods, causal)
-    if flags.pop("WINDOW"): raise ValueError("a sliding window runs on the `tl` kernel, not the Gluon kernels")
-    if not takes(config, mods): raise ValueError(f"{config.label} does not take ALiBi: the one-warpgroup Gluon kernel does")
+    window = flags.pop("WINDOW")
+    if not takes(config, mods): raise ValueError(f"{config.label} takes neither ALiBi nor a window: the one-warpgroup Gluon kernel does")
     rows = 64 if config.WARP_SPECIALIZE else config.BLOCK_M    # a Q or O tile is one warpgroup's rows
-    _, _, softcap_scale, softcap_log2, slopes, stride_slopes_z, sinks = _mod_args(mods, causal, scale, Lq, Lk, lse.device)
+    window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z, sinks = _mod_args(mods, causal, scale, Lq, Lk, lse.device)
     named = dict(q_desc=_descriptor(q, rows), k_desc=_descriptor(k, config.BLOCK_N), v_desc=_descriptor(v, config.BLOCK_N),
                  o_desc=_descriptor(o, rows), LSE=lse, seqlen_q=Lq, seqlen_k=Lk, num_heads=Hq, group_size=Hq // Hkv,
                  qk_scale=scale * LOG2E, softcap_scale=softcap_scale, softcap_log2=softcap_log2, SLOPES=slopes,
@@ -425,7 +474,8 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
         named.update(BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, PINGPONG=config.PINGPONG, CONSUMER_REGS=_WS_CONSUMER_REGS,
                      num_warps=config.num_warps, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
     else: named.update(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, Q_IN_REGS=config.Q_IN_REGS,
-                       P_SMEM=config.P_SMEM, num_warps=config.num_warps)
+                       P_SMEM=config.P_SMEM, num_warps=config.num_warps, window_left=window_left, window_right=window_right,
+                       WINDOW=window)
     return named, triton.cdiv(named["seqlen_q"], config.BLOCK_M) * programs
 
 def launch(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None):
@@ -494,8 +544,8 @@ def wgmma_hazards(sass:str) -> list:
 # %% ../nbs/11_gluon.ipynb #f919a358
 def _all_mods(H:int, config:Candidate) -> ScoreMods:
     "Every score modifier the candidate takes (`takes`), at once; CPU tensors stand in for the slopes and sinks."
-    mods = ScoreMods(softcap=50.0, alibi_slopes=torch.empty(H), learnable_sink=torch.empty(H))
-    return mods if takes(config, mods) else mods._replace(alibi_slopes=None)
+    mods = ScoreMods(window_size=(4095, 0), softcap=50.0, alibi_slopes=torch.empty(H), learnable_sink=torch.empty(H))
+    return mods if takes(config, mods) else mods._replace(window_size=(-1, -1), alibi_slopes=None)
 
 def _compile_sm90(config:Candidate, B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, mods:ScoreMods=None):
     "What `launch` compiles on an H200, compiled here for sm_90 without a GPU (CPU tensors stand in): the CompiledKernel."
