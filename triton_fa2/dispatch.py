@@ -183,8 +183,8 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
                        use_tma:bool=None, fixed_max:bool=True, mods=None) -> Candidate:
     """Attention of (B, H, L, D) views into o (B, Hq, Lq, D) and contiguous lse (B, Hq, Lq); returns the candidate launched.
     `config` bypasses the choice; `pack_gqa`, `use_tma` left at None are decided here; `fixed_max=False` runs the plain
-    online softmax. `mods`: the score modifiers of 14 (`forward.ScoreMods`), or None; the Gluon kernels take softcap, ALiBi
-    and sinks, the `tl` kernel every one (a sliding window too)."""
+    online softmax. `mods`: the score modifiers of 14 (`forward.ScoreMods`), or None; the one-warpgroup Gluon kernel and
+    the `tl` kernel take every one, the ws kernel softcap and sinks (`gluon.takes`)."""
     bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -219,7 +219,7 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
     if config is not None:                              # a test's candidate: its failure is what the test is for
         if config.kernel == "gluon" and not (gluon_ok and _gluon.takes(config, mods)):
             raise ValueError(f"{config.label} runs only on sm_90 with Gluon, through TMA views of unpacked rows, "
-                             "for D 64 or 128 with the fixed maximum and without a sliding window (ALiBi: not the ws kernel)")
+                             "for D 64 or 128 with the fixed maximum (ALiBi and windows: not the ws kernel)")
         run(config)
         return config
     flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())   # the device stays last
@@ -360,7 +360,7 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
     """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
     (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
     the candidate launched. `config` bypasses the choice. On sm_90 the Gluon kernels are candidates too where the dense
-    call's would be (`gluon.applies`: TMA views of all four, D 64 or 128, no window), and not over a paged pool: the one-warpgroup kernel's (`gluon.takes`)."""
+    call's would be (`gluon.applies`: TMA views of all four, D 64 or 128), and not over a paged pool: the one-warpgroup kernel's (`gluon.takes`)."""
     bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     total_q, Hq, D = q.shape
     signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config,
@@ -378,7 +378,7 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
         if config is not None:                              # a test's candidate: its failure is what the test is for
             if config.kernel == "gluon" and not (gluon_ok and _gluon.takes(config, mods, varlen=True)):
                 raise ValueError(f"{config.label} runs only on sm_90 with Gluon, through TMA views of the packed rows (not a "
-                                 "paged pool), for D 64 or 128 without a sliding window, on the one-warpgroup kernel")
+                                 "paged pool), for D 64 or 128, on the one-warpgroup kernel")
             run(config)
             _WARM.add(signature)
             return config
