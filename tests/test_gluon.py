@@ -179,45 +179,44 @@ def test_gluon_that_cannot_be_loaded_is_said_once_on_sm90(monkeypatch):
         assert not dispatch._gluon_applies(q, 128, True, False, True) and not dispatch._gluon_applies(q, 128, True, False, True)
     assert len(caught) == 1 and "could not be loaded (ImportError: x)" in str(caught[0].message)
 
-# Each score modifier the Gluon kernels take, alone and all three (`mods_for`'s arguments); a window stays on the `tl` kernel
+# Each score modifier alone, softcap, ALiBi and sinks together, and windows: one that reaches back 100 keys (left edge
+# tiles masked in the run with the fixed maximum), one narrower than a block (every tile online), one on both sides
+# (right bounded: with the causal mask it is 0), and a window with the other three (`mods_for`'s arguments)
 GLUON_MODS = {"softcap": dict(softcap=3.0), "alibi per head": dict(alibi="per head"),
               "alibi per batch row": dict(alibi="per batch row"), "sinks": dict(sink=True),
-              "all three": dict(softcap=3.0, alibi="per batch row", sink=True)}
+              "all three": dict(softcap=3.0, alibi="per batch row", sink=True), "window": dict(window=(100, 0)),
+              "narrow window": dict(window=(5, 3)), "window both sides": dict(window=(70, 33)),
+              "window and all three": dict(window=(200, 0), softcap=3.0, alibi="per batch row", sink=True)}
 
 
-def test_the_dispatcher_takes_softcap_alibi_and_sinks_to_gluon_and_windows_to_tl(monkeypatch):
-    """As on an H200 (`usable` says yes): `applies` agrees with what it said before the modifiers for every call without a
-    window, says no with one; the dispatcher asks it with the fixed maximum the Gluon kernels keep, hands the modifiers to
-    `gluon.launch`, refuses a Gluon config with a window by name, and still runs every call it ran before (the `tl` kernel
-    here, the interpreter having no Gluon candidates) with the right result."""
+def test_the_dispatcher_takes_every_score_modifier_to_gluon(monkeypatch):
+    """As on an H200 (`usable` says yes): `applies` says with every modifier, a window too, what it says without them; the
+    dispatcher asks it with the fixed maximum the Gluon kernels keep and hands the modifiers to `gluon.launch`; the ws
+    kernel is refused by name with ALiBi or a window (`takes`); and every call still runs as before (the `tl` kernel here,
+    the interpreter having no Gluon candidates) with the right result."""
     q = randn(2, 4, 100, 64)                       # GQA 2:1 below, its rows unpacked (100 rows fill blocks well)
     monkeypatch.setattr(gluon, "usable", lambda q: True)
     with_mods = [None, *(mods_for(4, 2, **m) for m in GLUON_MODS.values())]
-    windows = [mods_for(4, 2, (8, 0)), mods_for(4, 2, (16, 16), **GLUON_MODS["all three"])]
     for D in (32, 64, 96, 128, 256):
         for use_tma, pack, fixed_max in itertools.product((False, True), repeat=3):
-            before = use_tma and not pack and fixed_max and D in GLUON_HEAD_DIMS        # `applies` before the modifiers
+            before = use_tma and not pack and fixed_max and D in GLUON_HEAD_DIMS        # `applies` without the modifiers
             assert all(applies(q, D, use_tma, pack, fixed_max, m) == before for m in with_mods)
-            assert not any(applies(q, D, use_tma, pack, fixed_max, m) for m in windows)
     asked, launched, real_applies = [], [], gluon.applies
     monkeypatch.setattr(gluon, "applies", lambda *args: asked.append(args) or real_applies(*args))
     def stand_in(q, k, v, o, lse, causal, scale, config, mods=None):
         launched.append(mods); o.copy_(mods_reference(q, k, v, causal, mods or ScoreMods())[0]); return None, 1, [], []
     monkeypatch.setattr(gluon, "launch", stand_in)
     k, v = randn(2, 2, 120, 64), randn(2, 2, 120, 64)
-    for mods in with_mods + windows:
+    ws = next(c for c in CANDIDATES if c.WARP_SPECIALIZE)
+    for mods in with_mods:
         o, lse = torch.empty_like(q), torch.empty(2, 4, 100, device=q.device)
-        window = mods is not None and mods.window_size != (-1, -1)
-        if window:
-            with pytest.raises(ValueError, match="without a sliding window"):
-                dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig(), mods=mods)
-        else:
-            dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig(), mods=mods)
-            assert launched[-1] is mods and asked[-1][4] is True and asked[-1][5] is mods   # asked with the fixed maximum
-            if mods is not None and mods.alibi_slopes is not None:                           # the ws kernel: not with ALiBi
-                ws = next(c for c in CANDIDATES if c.WARP_SPECIALIZE)
-                with pytest.raises(ValueError, match="ALiBi: not the ws kernel"):
-                    dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=ws, mods=mods)
+        dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig(), mods=mods)
+        assert launched[-1] is mods and asked[-1][4] is True and asked[-1][5] is mods   # asked with the fixed maximum
+        if mods is not None and (mods.alibi_slopes is not None or mods.window_size != (-1, -1)):
+            assert not takes(ws, mods)
+            with pytest.raises(ValueError, match="ALiBi and windows: not the ws kernel"):
+                dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=ws, mods=mods)
+        else: assert takes(ws, mods)
         o.fill_(float("nan"))
         assert dispatch._attention_forward(q, k, v, o, lse, True, 0.125, mods=mods).kernel == "tl"
         o_ref, _ = mods_reference(q, k, v, True, mods or ScoreMods())
@@ -326,14 +325,15 @@ def test_the_package_works_where_gluon_cannot_be_loaded():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
-def check_gluon_mods(q, k, v, causal, config, mods):
+def check_gluon_mods(q, k, v, causal, config, mods, v_seen=None):
     """A Gluon config with score modifiers: poisoned outputs in flash-attn's strided layout, o and lse against float64
-    (`test_score_mods.reference`), NaN never passing, −∞ LSE exactly where a row sees nothing (and no sink)."""
+    (`test_score_mods.reference`, given `v_seen` where v holds NaN no row may see), NaN never passing, −∞ LSE exactly where
+    a row sees nothing (and no sink)."""
     B, Hq, Lq, D = q.shape
     o = torch.full((B, Lq, Hq, D), float("nan"), device=q.device, dtype=q.dtype).transpose(1, 2)
     lse = torch.full((B, Hq, Lq), float("nan"), device=q.device)
     dispatch._attention_forward(q, k, v, o, lse, causal, D ** -0.5, config=config, pack_gqa=False, use_tma=True, mods=mods)
-    o_ref, lse_ref = mods_reference(q, k, v, causal, mods)
+    o_ref, lse_ref = mods_reference(q, k, v if v_seen is None else v_seen, causal, mods)
     where = f"{config.label} {tuple(q.shape)} Lk={k.shape[2]} Hkv={k.shape[1]}"
     assert not o.isnan().any() and not lse.isnan().any(), f"{where}: an element left unwritten, or NaN produced"
     err = (o.double() - o_ref).abs().max().item() / max(1.0, o_ref.abs().max().item())
@@ -355,6 +355,22 @@ def test_gpu_every_candidate_with_score_modifiers(modifiers, causal, dtype):
         mods = mods_for(Hq, B, **GLUON_MODS[modifiers])
         for config in CANDIDATES:
             if takes(config, mods): check_gluon_mods(q, k, v, causal, config, mods)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_overflow_in_a_window_redoes_the_window(dtype):
+    """Key 200 scores far above every other: rows whose window holds it in the run with the fixed maximum overflow, and
+    the block is redone online from the window's first tile, not from key 0 (whose keys it must never see)."""
+    q, k, v = overflowing_inputs(128, dtype)
+    k[:, :, 0] = 0.0
+    k[:, :, 200] = 30.0
+    v_seen = v.clone()
+    v[:, :, :128] = float("nan")                 # keys no window reaches from query 428 on (a tile of 128): never loaded
+    mods = ScoreMods(window_size=(300, 0))
+    for config in CANDIDATES:
+        if takes(config, mods): check_gluon_mods(q[:, :, 428:], k, v, True, config, mods, v_seen=v_seen)
 
 
 @pytest.mark.gpu

@@ -283,8 +283,8 @@ def gluon_inputs(lengths, Hq=4, Hkv=2, D=64, dtype=torch.float16):
 
 def test_the_varlen_dispatch_offers_gluon_where_it_applies(monkeypatch):
     """As on an H200 (`gluon.usable` says yes): the Gluon candidates are offered for packed K/V through TMA views at D 64
-    and 128 (the ws kernel's at 128 only, and not with ALiBi), never over a paged pool or with a window; an explicit Gluon
-    config goes to `gluon.launch_varlen` with the modifiers, and is refused by name where it cannot run."""
+    and 128 (the ws kernel's at 128 only, and not with ALiBi), never over a paged pool; an explicit Gluon config goes to
+    `gluon.launch_varlen` with the modifiers (a window too), and is refused by name where it cannot run."""
     monkeypatch.setattr(_gluon, "usable", lambda q: True)
     monkeypatch.setattr(dispatch, "_PICKS", {})
     offered, launched = [], []
@@ -303,7 +303,7 @@ def test_the_varlen_dispatch_offers_gluon_where_it_applies(monkeypatch):
     alibi = ScoreMods(alibi_slopes=torch.rand(2, 4, device=device))
     one_warpgroup = [c for c in PREFILL_GLUON if not c.WARP_SPECIALIZE]           # the ws kernel: not over packed sequences
     for D, mods, expected in ((64, None, one_warpgroup), (128, None, one_warpgroup), (128, alibi, one_warpgroup), (32, None, []),
-                              (128, ScoreMods(window_size=(8, 0)), [])):
+                              (128, ScoreMods(window_size=(8, 0)), one_warpgroup)):
         q, k, v, o, lse, cu = gluon_inputs([9, 20], D=D)
         dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, D ** -0.5, mods=mods)
         assert [c for c in offered[-1] if _gluon.takes(c, mods, varlen=True)] == expected, (D, mods)   # the dispatcher's filter
@@ -377,7 +377,9 @@ def test_the_gluon_varlen_arguments():
 def gluon_mods(name, Hq, batch):
     return {"none": None, "softcap": ScoreMods(softcap=3.0), "sinks": ScoreMods(learnable_sink=torch.randn(Hq, device=device) * 2),
             "softcap and sinks": ScoreMods(softcap=3.0, learnable_sink=torch.randn(Hq, device=device) * 2),
-            "alibi": ScoreMods(alibi_slopes=torch.rand(batch, Hq, device=device))}[name]
+            "alibi": ScoreMods(alibi_slopes=torch.rand(batch, Hq, device=device)),
+            "window": ScoreMods(window_size=(100, 0)), "narrow window": ScoreMods(window_size=(5, 3)),
+            "window and softcap": ScoreMods(window_size=(300, 30), softcap=3.0)}[name]
 
 
 def sequence_reference(q, k, v, cu_q, cu_k, causal, scale, mods):
@@ -391,8 +393,8 @@ def sequence_reference(q, k, v, cu_q, cu_k, causal, scale, mods):
         if q1 == q0: continue
         slopes = None if mods.alibi_slopes is None else mods.alibi_slopes[b]
         o, l = attention_ref(*(t[a:z].transpose(0, 1)[None] for t, a, z in ((q, q0, q1), (k, k0, k1), (v, k0, k1))),
-                             causal=causal, scale=scale, upcast=torch.float64, softcap=mods.softcap, alibi_slopes=slopes,
-                             learnable_sink=mods.learnable_sink)
+                             causal=causal, scale=scale, upcast=torch.float64, window_size=mods.window_size, softcap=mods.softcap,
+                             alibi_slopes=slopes, learnable_sink=mods.learnable_sink)
         out[q0:q1], lse[:, q0:q1] = o[0].transpose(0, 1), l[0]
     return out, lse
 
@@ -406,7 +408,8 @@ LENGTHS_K = {"self": LENGTHS_Q,
 @pytest.mark.gpu
 @pytest.mark.skipif(not on_sm90, reason="the Gluon kernels run on sm_90 only")
 @pytest.mark.parametrize("keys", list(LENGTHS_K))
-@pytest.mark.parametrize("mods_name", ["none", "softcap", "sinks", "softcap and sinks", "alibi"])
+@pytest.mark.parametrize("mods_name", ["none", "softcap", "sinks", "softcap and sinks", "alibi", "window", "narrow window",
+                                       "window and softcap"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("D", [64, 128])

@@ -165,7 +165,7 @@ def shipped():
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
     head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's),
-    the forward's also with every score modifier it takes (`gluon.takes`), causal and not, and over packed sequences (varlen;
+    the forward's also with every score modifier it takes (`gluon.takes`) and with a window alone, causal and not, and over packed sequences (varlen;
     the one-warpgroup kernel's) with and without them."""
     jobs = []
     for D in (*candidates.TUNED_HEAD_DIMS, 256):
@@ -205,7 +205,9 @@ def shipped():
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
-            jobs.append((f"modifiers {c.label} D={D}", ("gluon_modifiers", D, c, None)))   # softcap, ALiBi, sinks: no spill
+            jobs.append((f"modifiers {c.label} D={D}", ("gluon_modifiers", D, c, None)))   # every one it takes: no spill
+            if gluon.takes(c, WINDOW_ALONE):                   # a sliding window alone (Mistral's), the common case
+                jobs.append((f"window {c.label} D={D}", ("gluon_window", D, c, None)))
             if gluon.takes(c, varlen=True):                    # packed sequences: plain, and with every modifier
                 jobs.append((f"varlen {c.label} D={D}", ("gluon_varlen", D, c, None)))
                 jobs.append((f"varlen modifiers {c.label} D={D}", ("gluon_varlen", D, c, "modifiers")))
@@ -238,6 +240,9 @@ def compile_job(job) -> list:
     elif kind == "gluon_modifiers":
         kernels = [(f"{config.label} {mask} with every modifier it takes",
                     gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=gluon._all_mods(32, config))) for mask in ("causal", "full")]
+    elif kind == "gluon_window":
+        kernels = [(f"{config.label} {mask} with a window", gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=WINDOW_ALONE))
+                   for mask in ("causal", "full")]
     elif kind == "gluon_varlen":
         mods = gluon._all_mods(32, config) if heads == "modifiers" else None
         kernels = [(f"{config.label} {mask}" + (" with every modifier it takes" if mods else ""),
@@ -246,6 +251,9 @@ def compile_job(job) -> list:
         kernels = [(f"{heads} with every modifier", MODIFIER_JOBS[heads](D))]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
     return [(n, dict(resource_usage(k), sass=sass_hash(k))) for n, k in kernels]
+
+
+WINDOW_ALONE = fwd.ScoreMods(window_size=(4095, 0))
 
 
 MODIFIER_JOBS = {   # one config each, the smallest tiles of each table (what a first call without tuning may run)
