@@ -4,6 +4,7 @@ against the PyTorch reference of chapter 02 (`tiling.kv_block_range`) on a grid 
 rows, and that no kernel module (packed sequences' included) computes the bounds by itself. The backward's dK/dV pass needs the relation the other way
 round (which rows see a block of keys): `backward._q_row_bounds`, checked against the same definition."""
 import inspect
+import itertools
 import re
 
 import pytest
@@ -111,6 +112,73 @@ def test_gpu_the_gluon_kernels_plan_the_same_tiles():
                     want_full, want_end, _ = reference_bounds(m * bm, min(m * bm + bm, Lq) - 1, Lq, Lk, bn, causal)
                     assert (full_end, end) == (want_full, want_end), (Lq, Lk, bm, bn, m)
                     assert loaded >= end and loaded - end < 2 * bn, (Lq, Lk, bm, bn, m)   # every visible key, whole tiles
+
+
+def window_plan_errors(plan:list, first_pos:int, Lq:int, Lk:int, left:int, right:int, block_m:int, block_n:int,
+                       causal:bool, alibi:bool) -> list:
+    """What is wrong with one block's window plan (`gluon._window_plan`'s seven values), against the definition: a key a
+    row sees that no tile brings, or that a masked tile hides; a tile with no mask holding a key some row may not see; a
+    row that sees a key but none in the online run; with ALiBi, a row's nearest visible key outside the online run."""
+    end, full_end, online_lo, n_online, n_fixed, fixed_lo, full_lo = plan
+    sees = lambda i, j: j < Lk and (not causal or j <= i + Lk - Lq) and -right <= i + Lk - Lq - j <= left
+    tiles = [(online_lo + t * block_n, True) for t in range(n_online)] + [(fixed_lo + t * block_n, False) for t in range(n_fixed)]
+    errors = []
+    for i in range(first_pos, min(first_pos + block_m, Lq)):
+        seen, online = set(), set()
+        for start, is_online in tiles:
+            masked = start < full_lo or (is_online and start >= full_end)
+            keys = range(start, start + block_n)
+            if not masked and not all(sees(i, j) for j in keys): errors.append(("unmasked tile", i, start))
+            seen.update(j for j in keys if sees(i, j))
+            if is_online: online.update(j for j in keys if sees(i, j))
+        want = {j for j in range(Lk) if sees(i, j)}
+        if seen != want: errors.append(("keys", i, sorted(want ^ seen)[:4]))
+        if want and not online: errors.append(("no online key", i))
+        if want and alibi and min(want, key=lambda j: abs(i + Lk - Lq - j)) not in online: errors.append(("alibi", i))
+    return errors
+
+
+def test_the_window_plan_check_finds_what_is_wrong():
+    "`window_plan_errors` on plans of rows 64–127 (Lq = Lk = 128, causal, window (100, 0), 64×64 tiles): right and broken."
+    right = [128, 128, 0, 2, 0, 0, 128]        # no tile every row sees in full: both tiles online, masked
+    assert window_plan_errors(right, 64, 128, 128, 100, 0, 64, 64, True, False) == []
+    missing = [128, 128, 0, 1, 0, 0, 128]      # the diagonal tile never loaded
+    assert ("keys", 64, [64]) in window_plan_errors(missing, 64, 128, 128, 100, 0, 64, 64, True, False)
+    unmasked = [128, 128, 0, 2, 0, 0, 0]       # the left tile unmasked: row 127 would see key 0, 127 keys back
+    assert ("unmasked tile", 127, 0) in window_plan_errors(unmasked, 64, 128, 128, 100, 0, 64, 64, True, False)
+
+
+@pytest.mark.gpu
+def test_gpu_the_gluon_window_plan_brings_each_window():
+    """The one-warpgroup Gluon kernel's plan for a sliding window (`gluon._window_plan`, on 14's `_window_key_bounds`), run
+    on an H200, against the definition (`window_plan_errors`): windows reaching past blocks, narrower than one, on both
+    sides, unbounded on one, with and without the causal mask and ALiBi."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)): pytest.skip("Gluon runs on sm_90")
+    from triton.experimental import gluon as gluon_lang
+    from triton.experimental.gluon import language as gl
+    from triton_fa2.gluon import _window_plan
+    from triton_fa2.score_mods import ScoreMods, _mod_args
+
+    @gluon_lang.jit
+    def probe(OUT, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              ALIBI: gl.constexpr):
+        start_m = gl.program_id(0)
+        plan = _window_plan(start_m * BLOCK_M, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                            ALIBI=ALIBI)
+        for i in gl.static_range(7): gl.store(OUT + 7 * start_m + i, plan[i])
+
+    checked = 0
+    for (Lq, Lk), window, causal, alibi in itertools.product(SHAPES, [(100, 0), (5, 3), (70, 33), (0, 0), (-1, 2), (17, -1)],
+                                                             (False, True), (False, True)):
+        left, right = _mod_args(ScoreMods(window_size=window), causal, 1.0, Lq, Lk, "cpu")[:2]
+        for bm, bn in ((64, 64), (128, 64), (64, 128), (128, 128)):
+            out = torch.full((triton.cdiv(Lq, bm), 7), -7, dtype=torch.int32, device="cuda")
+            probe[(out.shape[0],)](out, Lq, Lk, left, right, BLOCK_M=bm, BLOCK_N=bn, ALIBI=alibi, num_warps=4)
+            for m, plan in enumerate(out.cpu().tolist()):
+                errors = window_plan_errors(plan, m * bm, Lq, Lk, left, right, bm, bn, causal, alibi)
+                assert not errors, (Lq, Lk, window, causal, alibi, bm, bn, m, errors[:3])
+                checked += 1
+    assert checked > 1000
 
 
 @triton.jit
