@@ -4,6 +4,7 @@ References: `backward.attention_backward_ref` (the formulas, float64) and PyTorc
 in float64. Errors are relative per gradient, thresholds per dtype. CPU (CI) runs Triton's interpreter on small shapes;
 `pytest -m gpu` runs the matrix on the device.
 """
+import itertools
 import pytest
 import torch
 
@@ -272,6 +273,26 @@ def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch
     assert len(messages) == 1 and f"{gluon_pick.label} failed (RuntimeError" in messages[0], messages
 
 
+def test_the_gluon_dkdv_pass_takes_windows_and_sinks_not_softcap_or_alibi(monkeypatch):
+    "As on an H200 (`usable` says yes): `gluon_dkdv_applies` with each modifier, and its arguments refuse softcap and ALiBi."
+    import triton_fa2.gluon_backward as gluon_bwd
+    from triton_fa2.score_mods import ScoreMods
+    monkeypatch.setattr(gluon_bwd, "_gluon_usable", lambda q: True)
+    q = randn(1, 2, 40, 64)
+    takes = {"none": None, "window": ScoreMods(window_size=(8, 0)), "sink": ScoreMods(learnable_sink=torch.zeros(2)),
+             "window and sink": ScoreMods(window_size=(8, 8), learnable_sink=torch.zeros(2))}
+    refuses = {"softcap": ScoreMods(softcap=3.0), "alibi": ScoreMods(alibi_slopes=torch.ones(2)),
+               "window and softcap": ScoreMods(window_size=(8, 0), softcap=3.0)}
+    for causal in (False, True):
+        assert all(gluon_bwd.gluon_dkdv_applies(q, 64, True, m, causal) for m in takes.values())
+        assert not any(gluon_bwd.gluon_dkdv_applies(q, 64, True, m, causal) for m in refuses.values())
+        assert not gluon_bwd.gluon_dkdv_applies(q, 64, False, takes["window"], causal)   # Q and dO through descriptors only
+    m = torch.empty(1, 2, 40)
+    for mods in refuses.values():
+        with pytest.raises(ValueError, match="takes a window, not softcap or ALiBi"):
+            gluon_bwd._dkdv_gluon_arguments(q, q, q, q, q, q, m, m, True, 0.125, BACKWARD_GLUON[64][0], mods)
+
+
 def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
     q, k, v, do = (randn(1, 2, 40, 64) for _ in range(4))
     with pytest.raises(ValueError, match="runs only on sm_90 with Gluon"):
@@ -281,6 +302,27 @@ def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
 GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 4:1 and 8:1, one row, three keys, ragged
     (2, 8, 2, 333, 1000, True), (2, 4, 4, 1000, 333, True), (1, 8, 1, 257, 513, False), (1, 2, 2, 1, 700, True),
     (1, 2, 2, 700, 3, False), (3, 4, 4, 64, 64, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", sorted(BACKWARD_GLUON))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_dkdv_with_windows(D, dtype):
+    """Every Gluon dK/dV candidate with a window (reaching back past a block, narrower than one, on both sides), causal and
+    not, Lq ≠ Lk both ways and GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one)."""
+    from test_score_mods import grads_ref, mods_for
+    dq_pass = BACKWARD[("bwd_dq", D, False)][0]
+    for (B, Hq, Hkv, Lq, Lk, causal), window in itertools.product(GLUON_DKDV_CASES[:3], [(100, 0), (5, 3), (70, 33)]):
+        q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
+        k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+        mods = mods_for(Hq, B, window)
+        o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device)
+        _attention_forward(q, k, v, o, lse, causal, D ** -0.5, mods=mods)
+        refs = grads_ref(q, k, v, do, causal, mods)
+        for c in BACKWARD_GLUON[D]:
+            grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+            _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(c, dq_pass), mods=mods)
+            check_grads(grads, refs, dtype)
 
 
 @pytest.mark.gpu

@@ -232,6 +232,15 @@ def test_every_candidate_compiles_for_sm90_with_score_modifiers(D, causal, dtype
         assert r["waits_leaving_one"] == (4 if config.WARP_SPECIALIZE else int(config.P_SMEM)), r   # the same overlap
 
 
+@pytest.mark.parametrize("D, causal, dtype", [(128, True, torch.bfloat16), (64, False, torch.float16)])
+def test_every_one_warpgroup_candidate_compiles_for_sm90_with_a_window(D, causal, dtype):
+    "A sliding window alone, the common case: nothing spilled, no register touched under a running wgmma, the same overlap."
+    candidates = [c for c in CANDIDATES if D in head_dims(c) and not c.WARP_SPECIALIZE]
+    for config, r in zip(candidates, sm90_reports(candidates, D, causal, dtype, mods="window")):
+        assert r["stack_bytes"] == 0 and r["registers"] <= 255 and r["hazards"] == 0, r
+        assert r["waits_leaving_one"] == int(config.P_SMEM), r
+
+
 def check_gluon(q, k, v, causal, config, scale=None):
     "`check_path` with a Gluon config: poisoned outputs in flash-attn's strided layout, o and lse against float64."
     try: check_path(q, k, v, causal, use_tma=True, config=config, scale=scale)

@@ -139,12 +139,13 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
     return compiled.compiled[0]
 
 
-def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16):
-    "Compile the dK/dV pass in Gluon (a `gluon_dkdv` candidate) as the dispatcher launches it on an H200."
+def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, mods=None):
+    "Compile the dK/dV pass in Gluon (a `gluon_dkdv` candidate; `mods`: a window) as the dispatcher launches it on an H200."
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
-    named, _ = gluon_bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config)
+    named, _ = gluon_bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config,
+                                               mods)
     return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_gluon, **named)
 
 
@@ -164,7 +165,7 @@ def shipped():
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
     packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
-    head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's),
+    head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's, the latter with a window too),
     the forward's also with every score modifier it takes (`gluon.takes`) and with a window alone, causal and not, and over packed sequences (varlen;
     the one-warpgroup kernel's) with and without them."""
     jobs = []
@@ -202,12 +203,14 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
+            jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
             jobs.append((f"modifiers {c.label} D={D}", ("gluon_modifiers", D, c, None)))   # every one it takes: no spill
-            if gluon.takes(c, WINDOW_ALONE):                   # a sliding window alone (Mistral's), the common case
-                jobs.append((f"window {c.label} D={D}", ("gluon_window", D, c, None)))
+            if gluon.takes(c, WINDOW_ALONE):                   # a window alone (Mistral's, the common case): no spill;
+                jobs.append((f"window {c.label} D={D}", ("gluon_window", D, c, "alone")))   # with every other modifier too
+                jobs.append((f"window and modifiers {c.label} D={D}", ("gluon_window", D, c, "with every modifier")))
             if gluon.takes(c, varlen=True):                    # packed sequences: plain, and with every modifier
                 jobs.append((f"varlen {c.label} D={D}", ("gluon_varlen", D, c, None)))
                 jobs.append((f"varlen modifiers {c.label} D={D}", ("gluon_varlen", D, c, "modifiers")))
@@ -236,13 +239,16 @@ def compile_job(job) -> list:
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     elif kind == "gluon_dkdv":
-        kernels = [(f"{config.label} {mask}", compile_gluon_dkdv(config, D=D, causal=mask == "causal")) for mask in ("causal", "full")]
+        mods = WINDOW_ALONE if heads == "window" else None
+        kernels = [(f"{config.label} {mask}" + (" with a window" if mods else ""), compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
+                   for mask in ("causal", "full")]
     elif kind == "gluon_modifiers":
         kernels = [(f"{config.label} {mask} with every modifier it takes",
                     gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=gluon._all_mods(32, config))) for mask in ("causal", "full")]
     elif kind == "gluon_window":
-        kernels = [(f"{config.label} {mask} with a window", gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=WINDOW_ALONE))
-                   for mask in ("causal", "full")]
+        mods = WINDOW_ALONE if heads == "alone" else gluon._all_mods(32, config)._replace(window_size=WINDOW_ALONE.window_size)
+        kernels = [(f"{config.label} {mask} with a window" + ("" if heads == "alone" else " and every other modifier"),
+                    gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=mods)) for mask in ("causal", "full")]
     elif kind == "gluon_varlen":
         mods = gluon._all_mods(32, config) if heads == "modifiers" else None
         kernels = [(f"{config.label} {mask}" + (" with every modifier it takes" if mods else ""),
@@ -269,9 +275,11 @@ MODIFIER_JOBS = {   # one config each, the smallest tiles of each table (what a 
 
 
 def sass_hash(kernel) -> str:
-    """A hash of the SASS with the kernel's parameter offsets (`c[0x0][0x...]`) blanked: a kernel that only gained or lost an
-    unused parameter hashes alike, any other change to its instructions does not."""
+    """A hash of the SASS with the kernel's parameter offsets (`c[0x0][0x...]`, and the instruction encodings that hold
+    them) blanked: a kernel whose parameters only moved (one added or removed before them) hashes alike, any other change
+    to its instructions does not."""
     sass = re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[0x0][param]", cuobjdump(kernel))
+    sass = re.sub(r"(c\[0x0\]\[param\].*?)/\* 0x[0-9a-f]{16} \*/", r"\1", sass)   # the word that encodes the offset
     return hashlib.sha256(sass.encode()).hexdigest()[:16]
 
 
@@ -283,9 +291,11 @@ def _try(job):
 def spill_accepted(job) -> bool:
     """Whether a job may spill: a backward tile kept although it does (`candidates.BACKWARD_SPILLS_ACCEPTED`, measured
     faster), or a score-modifier variant of a `tl` kernel (they share the plain kernels' tiles; results/score_mods.csv
-    measures them). The Gluon forward kernels with modifiers (`gluon_modifiers`) may not spill."""
+    measures them), or a Gluon forward kernel with a window and every other modifier at once (with D = 128 the
+    one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6). The Gluon forward kernels with the other
+    modifiers, or a window alone, may not spill."""
     kind, D, config, heads = job
-    if kind == "modifiers": return True
+    if kind == "modifiers" or (kind == "gluon_window" and heads != "alone"): return True
     if kind == "gluon_dkdv": return (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 

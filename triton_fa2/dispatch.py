@@ -327,7 +327,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             if pick is not None:                               # a test's candidate: its failure is what the test is for
                 if pick.kernel == "gluon_dkdv" and not gluon:
                     raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128 "
-                                     "without a window, softcap or ALiBi")
+                                     "without softcap or ALiBi")
                 run(pick)
                 picks[i] = pick
                 continue

@@ -544,8 +544,8 @@ def wgmma_hazards(sass:str) -> list:
 # %% ../nbs/11_gluon.ipynb #f919a358
 def _all_mods(H:int, config:Candidate) -> ScoreMods:
     "Every score modifier the candidate takes (`takes`), at once; CPU tensors stand in for the slopes and sinks."
-    mods = ScoreMods(window_size=(4095, 0), softcap=50.0, alibi_slopes=torch.empty(H), learnable_sink=torch.empty(H))
-    return mods if takes(config, mods) else mods._replace(window_size=(-1, -1), alibi_slopes=None)
+    mods = ScoreMods(softcap=50.0, alibi_slopes=torch.empty(H), learnable_sink=torch.empty(H))
+    return mods if takes(config, mods) else mods._replace(alibi_slopes=None)
 
 def _compile_sm90(config:Candidate, B=8, H=32, N=2048, D=128, causal=True, dtype=torch.bfloat16, mods:ScoreMods=None):
     "What `launch` compiles on an H200, compiled here for sm_90 without a GPU (CPU tensors stand in): the CompiledKernel."
@@ -553,22 +553,24 @@ def _compile_sm90(config:Candidate, B=8, H=32, N=2048, D=128, causal=True, dtype
     named, _ = _arguments(q, k, v, torch.empty_like(q), torch.empty(B, H, N), causal, D ** -0.5, config, mods)
     return compile_for_gpu(_attn_fwd_ws if config.WARP_SPECIALIZE else _attn_fwd_gluon, **named)
 
-def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.bfloat16, mods:bool=False) -> list:
+def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.bfloat16, mods=False) -> list:
     """Each config compiled for sm_90 here, GPU or not: registers, spilled bytes, the SASS's wgmma and wait counts (and the
     waits that leave one group running: a product overlapping what follows), the register hand-overs between warp groups
-    (`setmaxnreg`, the ws kernel's), and `wgmma_hazards`; with `mods`, with every score modifier each takes (`_all_mods`). Under the interpreter, Triton's own helpers (`gl.max`, `gl.sum`) were swapped for Python ones when
+    (`setmaxnreg`, the ws kernel's), and `wgmma_hazards`; with `mods` True, with every score modifier each takes
+    (`_all_mods`); with "window", with a sliding window alone. Under the interpreter, Triton's own helpers (`gl.max`, `gl.sum`) were swapped for Python ones when
     triton_fa2 was imported, so the compiling happens in a fresh process without it."""
     if interpreting():
         import json, subprocess, sys
         code = ("import json, torch; from triton_fa2.candidates import Candidate; from triton_fa2.gluon import sm90_reports; "
                 f"print(json.dumps(sm90_reports([Candidate(**c) for c in {[dataclasses.asdict(c) for c in configs]!r}], "
-                f"{D}, {causal}, torch.{str(dtype).split('.')[-1]}, {mods})))")
+                f"{D}, {causal}, torch.{str(dtype).split('.')[-1]}, {mods!r})))")
         done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True)
         if done.returncode: raise RuntimeError(f"compiling for sm_90 failed:\n{done.stderr[-2000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
     reports = []
     for config in configs:
-        kernel = _compile_sm90(config, D=D, causal=causal, dtype=dtype, mods=_all_mods(32, config) if mods else None)
+        chosen = _all_mods(32, config) if mods is True else ScoreMods(window_size=(4095, 0)) if mods == "window" else None
+        kernel = _compile_sm90(config, D=D, causal=causal, dtype=dtype, mods=chosen)
         sass = cuobjdump(kernel)
         reports.append(dict(config=config.label, **resource_usage(kernel), wgmma=sass.count("HGMMA"),
                             waits=sass.count("WARPGROUP.DEPBAR"), waits_leaving_one=sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1"),

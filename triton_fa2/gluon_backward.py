@@ -16,11 +16,11 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
-from .backward import _backward_mod_flags, _q_row_bounds
+from .backward import _backward_mod_flags, _dkdv_row_runs, _q_row_bounds
 from .candidates import BACKWARD_GLUON, Candidate
 from .forward import LOG2E, _program_block
 from .gluon import _descriptor, _tma_load, usable as _gluon_usable
-from .score_mods import ScoreMods
+from .score_mods import ScoreMods, _mod_args, _visible
 
 # %% ../nbs/15_gluon_backward.ipynb #1d206fc8
 @gluon.jit
@@ -49,22 +49,29 @@ def _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m):
 
 @gluon.jit
 def _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr,
-          CAUSAL: gl.constexpr):
-    "Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − Δ) of one step, as the A operands of dV's and dK's products (rows before `full_lo` masked)."
+          CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False, window=None):
+    """Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − Δ) of one step, as the A operands of dV's and dK's products (rows before `full_lo` masked).
+    With WINDOW, `window` = (full_end, window_left, window_right, seqlen_k): rows from full_end on masked too, by 14's
+    `_visible` (keys × rows)."""
     p = gl.exp2(s * qk_scale - m[None, :])
-    if CAUSAL:
+    if WINDOW:
+        full_end, window_left, window_right, seqlen_k = window
+        if (start_m < full_lo) | (start_m >= full_end):
+            p = gl.where(_visible(rows[None, :], offs_n[:, None], seqlen_k, offset, window_left, window_right, CAUSAL, True), p, 0.0)
+    elif CAUSAL:
         if start_m < full_lo:
             p = gl.where(offs_n[:, None] <= rows[None, :] + offset, p, 0.0)
     ds = p * (dp - delta[None, :])
     return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout(ds.to(dtype), a_layout)
 
-@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
+@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "window_left", "window_right"])
 def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of BLOCK_M rows, K, V of BLOCK_N
                          DK, DV, M, DELTA,                   # dk, dv (B, Hkv, Lk, D) any strides; m, delta (B, Hq, Lq)
                          stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                          num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
+                         window_left, window_right,          # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
                          HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                         STAGES: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr, WINDOW: gl.constexpr = False):
     """`_attn_bwd_dkdv`'s program (a K/V block of a batch and KV head, its group's query heads summed), on wgmma: Sᵀ and dPᵀ
     with K and V as A operands, Pᵀ and dSᵀ as register A operands of dV's and dK's products."""
     dtype: gl.constexpr = q_desc.dtype
@@ -90,8 +97,15 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
         mbarrier.init(bars.index(i), count=1)
 
     first_key = start_n * BLOCK_N
-    lo, full_lo = _q_row_bounds(first_key, gl.minimum(first_key + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    end = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+    if WINDOW:   # the rows whose window holds a key of the block: masked, unmasked, masked (the `tl` pass's runs)
+        lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                                                    CAUSAL, True)
+        end = gl.cdiv(end, BLOCK_M) * BLOCK_M
+    else:
+        lo, full_lo = _q_row_bounds(first_key, gl.minimum(first_key + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+        end = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+        full_end = end
+    window = (full_end, window_left, window_right, seqlen_k)
     per_head = gl.maximum((end - lo) // BLOCK_M, 1)
     n_steps = gl.where(end > lo, per_head * group_size, 0)
     head0 = off_hkv * group_size
@@ -122,7 +136,8 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
             s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p16, ds16 = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL)
+            p16, ds16 = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL,
+                                WINDOW, window)
             for t in range(0, n_steps - 1):
                 h, start_m = _step_rows(t + 1, per_head, lo, head0, BLOCK_M=BLOCK_M)
                 m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
@@ -136,7 +151,8 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
                 dv_tok = warpgroup_mma(p16, do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), warpgroup_mma_init(dv), is_async=True)
                 dk_tok = warpgroup_mma(ds16, q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), warpgroup_mma_init(dk), is_async=True)
                 s, dp = warpgroup_mma_wait(2, deps=(s_tok, dp_tok))                                  # … done; step t's run on
-                p16_next, ds16_next = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL)
+                p16_next, ds16_next = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL,
+                                WINDOW, window)
                 dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
                 h, row = _step_rows(t + STAGES, per_head, lo, head0, BLOCK_M=BLOCK_M)                 # slot t is free again
                 _issue_rows(q_desc, do_desc, off_z, h, row, bars, q_smem, do_smem, t + STAGES, t + STAGES < n_steps)
@@ -157,7 +173,8 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
             s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)      # Sᵀ = K Qᵀ
             dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)    # dPᵀ = V dOᵀ
             s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p16, ds16 = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL)
+            p16, ds16 = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL,
+                                WINDOW, window)
             dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)                 # dV += Pᵀ dO
             dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)                 # dK += dSᵀ Q
             dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
@@ -178,22 +195,28 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
 # %% ../nbs/15_gluon_backward.ipynb #fc66fd9b
 def gluon_dkdv_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
     """Whether `_attn_bwd_dkdv_gluon` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), Q and dO
-    through descriptors, D 64 or 128, and no window, softcap or ALiBi (a sink changes only the LSE it reads)."""
-    plain = mods is None or not any(_backward_mod_flags(mods, causal).values())
+    through descriptors, D 64 or 128, and no softcap or ALiBi (a window it takes; a sink changes only the LSE it reads)."""
+    flags = {} if mods is None else _backward_mod_flags(mods, causal)
+    plain = not any(on for name, on in flags.items() if name != "WINDOW")
     return use_tma and head_dim in BACKWARD_GLUON and plain and _gluon_usable(q)
 
-def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate) -> tuple:
-    "`_attn_bwd_dkdv_gluon`'s arguments by name, and its grid's size: a program per (K/V block, batch, KV head)."
+def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
+    "`_attn_bwd_dkdv_gluon`'s arguments by name, and its grid's size: a program per (K/V block, batch, KV head); `mods`: a window."
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
+    flags = dict(WINDOW=False) if mods is None else _backward_mod_flags(mods, causal)
+    if flags.get("SOFTCAP") or flags.get("ALIBI"):
+        raise ValueError(f"{c.label} takes a window, not softcap or ALiBi: the `tl` dK/dV pass does")
+    window_left, window_right = _mod_args(mods, causal, scale, Lq, Lk, q.device)[:2]
     named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, c.BLOCK_N), v_desc=_descriptor(v, c.BLOCK_N),
                  do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
                  stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
                  stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
+                 window_left=window_left, window_right=window_right,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages, OVERLAP=c.OVERLAP,
-                 num_warps=c.num_warps)
+                 num_warps=c.num_warps, WINDOW=flags["WINDOW"])
     return named, triton.cdiv(Lk, c.BLOCK_N) * B * Hkv
 
 _DKDV_GLUON_ARGS = list(inspect.signature(_attn_bwd_dkdv_gluon.fn).parameters)
@@ -204,6 +227,6 @@ def launch_dkdv(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candida
     that the dispatcher runs either the same way; returns what that returns, from which a saved launch is built ([95](95_launch.ipynb))."""
     if candidate.num_warps != 4 * candidate.BLOCK_N // 64:
         raise ValueError(f"{candidate.label}: the Gluon dK/dV pass runs a warpgroup (4 warps) per 64 keys")
-    named, grid = _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate)
+    named, grid = _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate, mods)
     compiled = _attn_bwd_dkdv_gluon[(grid,)](**named) if grid else None
     return compiled, grid, [named[n] for n in _DKDV_GLUON_ARGS], _DKDV_GLUON_ARGS, _DKDV_GLUON_PER_CALL
