@@ -1,7 +1,8 @@
 """Compile our kernels for a Hopper GPU (sm_90) on a machine without one: the compiler's errors, registers, spills and
 shared memory of any config, through descriptors or pointers, in seconds and without device time. Nothing runs; timing still needs the H200.
 
-    python tools/compile_sm90.py --all [--workers 2]     # every kernel and config the package ships; exit 1 on a spill or an error
+    python tools/compile_sm90.py --all [--workers 2]     # every kernel and config the package ships; exit 1 on a spill, an error or
+                                                     # a paged launch holding fewer K/V tiles than its contiguous twin
     python tools/compile_sm90.py --all --fingerprint before.json    # … and the SASS hash of each, to a JSON file
     python tools/compile_sm90.py --all --compare before.json        # … exit 1 where the SASS differs (a refactor that should not change a kernel)
     python tools/compile_sm90.py --config "128,64,4,2;64,64,4,3" [--pointers] [--causal] [--fp16] [--shape B,H,N,D] [--ttgir]
@@ -300,6 +301,24 @@ def spill_accepted(job) -> bool:
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 
 
+def shallower_pipelines(compiled:dict) -> list:
+    """(name, why) for each paged launch (decode, packed sequences) whose kernel holds fewer K/V tiles in shared memory
+    than the same candidate's launch on a contiguous cache: `Candidate.paged_launch_options` should keep them alike. The
+    page lookup's own buffers may add up to 2 KiB."""
+    found = []
+    for job, done in compiled.items():
+        kind, D, config, heads = job
+        if kind == "paged": twin = ("decode", D, config, heads[:2])
+        elif kind == "varlen" and isinstance(heads, int): twin = ("varlen", D, config, None)
+        else: continue
+        if twin not in compiled: continue
+        paged, contiguous = done[0][1]["shared_kib"], compiled[twin][0][1]["shared_kib"]
+        if not contiguous <= paged <= contiguous + 2:
+            found.append((f"{kind} D={D} {config} pages of {heads if kind == 'varlen' else heads[2]}",
+                          f"{paged} KiB shared against {contiguous} KiB on a contiguous cache"))
+    return found
+
+
 def check_all(workers:int=2, fingerprint:str=None, compare:str=None) -> int:
     """Compile everything `shipped()` lists for sm_90; print one line each; the number of spills (but the accepted ones)
     and failures. With
@@ -309,11 +328,12 @@ def check_all(workers:int=2, fingerprint:str=None, compare:str=None) -> int:
     before = json.load(open(compare)) if compare else None
     hashes = {}
     print(f"Triton {triton.__version__}, torch {torch.__version__}: {len(jobs)} launches compiled for sm_90", flush=True)
-    bad = 0
+    bad, compiled = 0, {}
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         for (name, job), (done, error) in zip(jobs, pool.map(_try, [j for _, j in jobs])):
             if error: bad += 1; print(f"FAILED  {name}: {error}", flush=True); continue
             hashes[name] = {kernel: r["sass"] for kernel, r in done}
+            compiled[job] = done
             if before is not None:
                 if name not in before: print(f"NEW     {name}: not in {compare}", flush=True)
                 elif before[name] != hashes[name]: bad += 1; print(f"CHANGED {name}: its SASS differs from {compare}", flush=True)
@@ -322,6 +342,8 @@ def check_all(workers:int=2, fingerprint:str=None, compare:str=None) -> int:
                 bad += spilled and not accepted
                 print(f"{('ACCEPTS' if accepted else 'SPILLS') if spilled else 'ok':<7} {name}: {kernel} {r['registers']} registers, "
                       f"{r['stack_bytes']} B stack, {r['shared_kib']} KiB shared", flush=True)
+    for name, shallower in shallower_pipelines(compiled):
+        bad += 1; print(f"SHALLOW {name}: {shallower}", flush=True)
     if fingerprint:
         with open(fingerprint, "w") as f: json.dump(hashes, f, indent=1, sort_keys=True)
     if before is not None:

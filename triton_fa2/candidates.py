@@ -51,6 +51,14 @@ class Candidate:
         "What Triton's launch takes besides the kernel's own arguments: warps, stages and the register cap, if any."
         return dict(num_warps=self.num_warps, num_stages=self.num_stages, **({} if self.maxnreg is None else dict(maxnreg=self.maxnreg)))
 
+    @property
+    def paged_launch_options(self) -> dict:
+        """`launch_options` for a launch whose K/V loads go through a page table (06). Triton's pipeliner gives the page
+        lookup stages of its own: over a paged cache `s` stages keep only ⌊(s − 1) / 2⌋ K/V tiles in flight where a
+        contiguous cache keeps s − 1, so a paged launch asks for 2s − 1 and keeps as many (`tools/compile_sm90.py --all`
+        checks that both use the same shared memory)."""
+        return dict(self.launch_options, num_stages=2 * self.num_stages - 1)
+
     def __repr__(self): return f"Candidate({self.label})"
 
 # %% ../nbs/93_candidates.ipynb #0af2a9cd

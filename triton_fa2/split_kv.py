@@ -290,7 +290,8 @@ def launch(q, k_cache, v_cache,             # (B, H, L, D) views
     split_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, CAUSAL=causal, HAS_SEQLENS=cache_seqlens is not None,
                            DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=block_m, BLOCK_N=candidate.BLOCK_N,
                            PAGE_SIZE=0 if block_table is None else k_cache.shape[2], **_mod_flags(mods, causal))
-    split = _decode_fwd[(programs,)](*split_args, **split_constants, **candidate.launch_options)
+    options = candidate.launch_options if block_table is None else candidate.paged_launch_options
+    split = _decode_fwd[(programs,)](*split_args, **split_constants, **options)
     combine, combine_args = None, [o_part, lse_part, o, lse, *o.stride()[:3], Hq, Lq, num_splits, B * Hq * Lq]
     combine_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
     if num_splits > 1: combine = _combine_splits[(B * Hq * Lq,)](*combine_args, **combine_constants)

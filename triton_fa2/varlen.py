@@ -110,7 +110,8 @@ def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (to
                               **_mod_flags(mods, causal), HEAD_DIM=D, BLOCK_D=block_d,
                               CAUSAL=causal, DOT_FP32=_dot_in_fp32(q.dtype), BLOCK_M=candidate.BLOCK_M,
                               BLOCK_N=candidate.BLOCK_N, FOLD_SCALE=scale > 0, PAGE_SIZE=k.shape[1] if paged else 0,
-                              USE_TMA=use_tma, **candidate.launch_options)
+                              USE_TMA=use_tma,
+                              **(candidate.paged_launch_options if paged else candidate.launch_options))
 
 # %% ../nbs/13_varlen.ipynb #35737733
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_n_blocks", "total_q"])
