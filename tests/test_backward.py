@@ -7,6 +7,7 @@ in float64. Errors are relative per gradient, thresholds per dtype. CPU (CI) run
 import itertools
 import pytest
 import torch
+import triton_fa2.candidates as candidates_module
 
 import triton_fa2.ops as ops
 from triton_fa2.backward import attention_backward_ref
@@ -273,24 +274,30 @@ def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch
     assert len(messages) == 1 and f"{gluon_pick.label} failed (RuntimeError" in messages[0], messages
 
 
-def test_the_gluon_dkdv_pass_takes_windows_and_sinks_not_softcap_or_alibi(monkeypatch):
-    "As on an H200 (`usable` says yes): `gluon_dkdv_applies` with each modifier, and its arguments refuse softcap and ALiBi."
+def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(monkeypatch):
+    """As on an H200 (`usable` says yes): `gluon_dkdv_applies` with each modifier; with softcap or ALiBi the backward's
+    candidates leave out the Gluon tiles those make spill, and its arguments carry them."""
     import triton_fa2.gluon_backward as gluon_bwd
+    from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS, backward_candidates
     from triton_fa2.score_mods import ScoreMods
     monkeypatch.setattr(gluon_bwd, "_gluon_usable", lambda q: True)
     q = randn(1, 2, 40, 64)
-    takes = {"none": None, "window": ScoreMods(window_size=(8, 0)), "sink": ScoreMods(learnable_sink=torch.zeros(2)),
-             "window and sink": ScoreMods(window_size=(8, 8), learnable_sink=torch.zeros(2))}
-    refuses = {"softcap": ScoreMods(softcap=3.0), "alibi": ScoreMods(alibi_slopes=torch.ones(2)),
-               "window and softcap": ScoreMods(window_size=(8, 0), softcap=3.0)}
+    every = {"none": None, "window": ScoreMods(window_size=(8, 0)), "sink": ScoreMods(learnable_sink=torch.zeros(2)),
+             "softcap": ScoreMods(softcap=3.0), "alibi": ScoreMods(alibi_slopes=torch.ones(2)),
+             "all": ScoreMods(window_size=(8, 8), softcap=3.0, alibi_slopes=torch.ones(2), learnable_sink=torch.zeros(2))}
     for causal in (False, True):
-        assert all(gluon_bwd.gluon_dkdv_applies(q, 64, True, m, causal) for m in takes.values())
-        assert not any(gluon_bwd.gluon_dkdv_applies(q, 64, True, m, causal) for m in refuses.values())
-        assert not gluon_bwd.gluon_dkdv_applies(q, 64, False, takes["window"], causal)   # Q and dO through descriptors only
+        assert all(gluon_bwd.gluon_dkdv_applies(q, 64, True, m, causal) for m in every.values())
+        assert not gluon_bwd.gluon_dkdv_applies(q, 64, False, every["window"], causal)   # Q and dO through descriptors only
     m = torch.empty(1, 2, 40)
-    for mods in refuses.values():
-        with pytest.raises(ValueError, match="takes a window, not softcap or ALiBi"):
-            gluon_bwd._dkdv_gluon_arguments(q, q, q, q, q, q, m, m, True, 0.125, BACKWARD_GLUON[64][0], mods)
+    named, _ = gluon_bwd._dkdv_gluon_arguments(q, q, q, q, q, q, m, m, True, 0.125, BACKWARD_GLUON[64][0], every["all"])
+    assert named["SOFTCAP"] and named["ALIBI"] and named["WINDOW"] and named["SLOPES"] is every["all"].alibi_slopes
+    assert named["softcap_scale"] == 0.125 / 3.0
+    monkeypatch.setattr(candidates_module, "interpreting", lambda: False)
+    for D in BACKWARD_GLUON:
+        plain = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)
+        scored = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True)
+        assert [c for c in plain if c not in scored] == [c for c in BACKWARD_GLUON[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
+        assert any(c.kernel == "gluon_dkdv" for c in scored)           # every head dim keeps a Gluon tile
 
 
 def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
@@ -307,19 +314,26 @@ GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", sorted(BACKWARD_GLUON))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_gluon_dkdv_with_windows(D, dtype):
-    """Every Gluon dK/dV candidate with a window (reaching back past a block, narrower than one, on both sides), causal and
-    not, Lq ≠ Lk both ways and GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one)."""
+def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
+    """Every Gluon dK/dV candidate that takes them with a window (reaching back past a block, narrower than one, on both
+    sides), softcap, ALiBi per head and per batch row, and all of them with a sink, causal and not, Lq ≠ Lk both ways and
+    GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one)."""
     from test_score_mods import grads_ref, mods_for
+    from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS
     dq_pass = BACKWARD[("bwd_dq", D, False)][0]
-    for (B, Hq, Hkv, Lq, Lk, causal), window in itertools.product(GLUON_DKDV_CASES[:3], [(100, 0), (5, 3), (70, 33)]):
+    variants = [dict(window=w) for w in [(100, 0), (5, 3), (70, 33)]] + [
+        dict(softcap=30.0), dict(alibi="per head"), dict(alibi="per batch row"),
+        dict(window=(70, 33), softcap=30.0, alibi="per head", sink=True)]
+    for (B, Hq, Hkv, Lq, Lk, causal), variant in itertools.product(GLUON_DKDV_CASES[:3], variants):
         q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
         k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
-        mods = mods_for(Hq, B, window)
+        mods = mods_for(Hq, B, **variant)
         o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device)
         _attention_forward(q, k, v, o, lse, causal, D ** -0.5, mods=mods)
-        refs = grads_ref(q, k, v, do, causal, mods)
+        refs = grads_ref(q, k, v, do, causal, mods)[:3]
+        scored = "softcap" in variant or "alibi" in variant
         for c in BACKWARD_GLUON[D]:
+            if scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(c, dq_pass), mods=mods)
             check_grads(grads, refs, dtype)

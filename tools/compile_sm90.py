@@ -141,7 +141,7 @@ def compile_backward(kernel, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype
 
 
 def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, mods=None):
-    "Compile the dK/dV pass in Gluon (a `gluon_dkdv` candidate; `mods`: a window) as the dispatcher launches it on an H200."
+    "Compile the dK/dV pass in Gluon (a `gluon_dkdv` candidate; `mods`: 14's modifiers) as the dispatcher launches it on an H200."
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
@@ -205,6 +205,8 @@ def shipped():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
             jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
+            if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
+                jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dkdv", D, c, "every modifier")))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -240,8 +242,9 @@ def compile_job(job) -> list:
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     elif kind == "gluon_dkdv":
-        mods = WINDOW_ALONE if heads == "window" else None
-        kernels = [(f"{config.label} {mask}" + (" with a window" if mods else ""), compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
+        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True)}.get(heads)
+        kernels = [(f"{config.label} {mask}" + (f" with {'a window' if heads == 'window' else heads}" if mods else ""),
+                    compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
                    for mask in ("causal", "full")]
     elif kind == "gluon_modifiers":
         kernels = [(f"{config.label} {mask} with every modifier it takes",
@@ -293,11 +296,12 @@ def spill_accepted(job) -> bool:
     """Whether a job may spill: a backward tile kept although it does (`candidates.BACKWARD_SPILLS_ACCEPTED`, measured
     faster), or a score-modifier variant of a `tl` kernel (they share the plain kernels' tiles; results/score_mods.csv
     measures them), or a Gluon forward kernel with a window and every other modifier at once (with D = 128 the
-    one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6). The Gluon forward kernels with the other
-    modifiers, or a window alone, may not spill."""
+    one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6), or the Gluon dK/dV pass with every modifier
+    (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi). The Gluon forward kernels with
+    the other modifiers, or a window alone, may not spill."""
     kind, D, config, heads = job
     if kind == "modifiers" or (kind == "gluon_window" and heads != "alone"): return True
-    if kind == "gluon_dkdv": return (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
+    if kind == "gluon_dkdv": return heads == "every modifier" or (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 
 

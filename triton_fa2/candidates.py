@@ -7,8 +7,8 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 # %% auto #0
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
            'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'VARLEN_PREFILL_SPILLS', 'BACKWARD', 'BACKWARD_GLUON',
-           'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits',
-           'prefill_candidates', 'decode_candidates', 'backward_candidates']
+           'BACKWARD_GLUON_SCORE_SPILLS', 'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED',
+           'Candidate', 'fits', 'prefill_candidates', 'decode_candidates', 'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -165,6 +165,9 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
 # pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them
 BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
                   128: (Candidate("gluon_dkdv", 64, 128, 8, 2), Candidate("gluon_dkdv", 32, 64, 4, 2))}
+# The Gluon dK/dV candidates that softcap or ALiBi (14) push into heavy spills on sm_90 (`tools/compile_sm90.py`: 104–120 B
+# per thread on causal with either, 232–280 B with both, Triton 3.6 and 3.9): backwards with those take the others
+BACKWARD_GLUON_SCORE_SPILLS = frozenset({(BACKWARD_GLUON[128][0], 128)})
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
@@ -190,6 +193,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         smem_limit:int,     # the device's shared memory per block
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
                         gluon:bool=False,   # the dK/dV pass in Gluon may run (`gluon_backward.gluon_dkdv_applies`): its candidates first
+                        score_mods:bool=False,   # softcap or ALiBi change the scores: not the Gluon candidates they make spill
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
@@ -197,5 +201,6 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
     table = [c for c in BACKWARD[(kernel, block_d, pointers or varlen)] if not varlen or (c, block_d) not in VARLEN_BACKWARD_SPILLS]
     kept = [c for c in table if _backward_smem_bytes(c, block_d) <= smem_limit]
     kept = kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]
-    if gluon and kernel == "bwd_dkdv" and not (pointers or varlen): kept = list(BACKWARD_GLUON.get(head_dim, ())) + kept
+    if gluon and kernel == "bwd_dkdv" and not (pointers or varlen):
+        kept = [c for c in BACKWARD_GLUON.get(head_dim, ()) if not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)] + kept
     return kept

@@ -311,7 +311,8 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             q, k, v, do = _tma_ready(q, k, v, do)
             plan(do, q, k, v, o, lse, dlse, dq, dk, dv, m, delta, scale, scale * _forward.LOG2E)
             return plan.candidates
-    flags = () if mods is None else tuple(_backward._backward_mod_flags(mods, causal).values())
+    mod_flags = {} if mods is None else _backward._backward_mod_flags(mods, causal)
+    flags, score_mods = tuple(mod_flags.values()), mod_flags.get("SOFTCAP", False) or mod_flags.get("ALIBI", False)
     signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs, flags)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         q, k, v, do = _tma_ready(q, k, v, do)
@@ -326,8 +327,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             pick = configs[i] if configs is not None else None
             if pick is not None:                               # a test's candidate: its failure is what the test is for
                 if pick.kernel == "gluon_dkdv" and not gluon:
-                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128 "
-                                     "without softcap or ALiBi")
+                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128")
                 run(pick)
                 picks[i] = pick
                 continue
@@ -336,7 +336,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             pick = _PICKS.get(key)
             if pick is None or (pick.kernel == "gluon_dkdv" and not gluon) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
-                pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon), run, rule)
+                pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods), run, rule)
             try: launched[i] = run(pick)
             except Exception as e:
                 if pick.kernel != "gluon_dkdv": raise

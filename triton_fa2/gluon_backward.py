@@ -20,7 +20,7 @@ from .backward import _backward_mod_flags, _dkdv_row_runs, _q_row_bounds
 from .candidates import BACKWARD_GLUON, Candidate
 from .forward import LOG2E, _program_block
 from .gluon import _descriptor, _tma_load, usable as _gluon_usable
-from .score_mods import ScoreMods, _mod_args, _visible
+from .score_mods import ScoreMods, _mod_args, _score_mod, _softcap_slope, _visible
 
 # %% ../nbs/15_gluon_backward.ipynb #1d206fc8
 @gluon.jit
@@ -48,12 +48,27 @@ def _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m):
     return m, delta, rows
 
 @gluon.jit
+def _step_slope(SLOPES, stride_slopes_z, off_z, h, ALIBI: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    "The step's query head's ALiBi slope · log2 e on each key row (0 without ALiBi): slopes are per head, a step is one head."
+    slope = gl.zeros([BLOCK_N], gl.float32, layout=layout)
+    if ALIBI:
+        slope = slope + gl.load(SLOPES + off_z * stride_slopes_z + h) * 1.4426950408889634   # one load, broadcast
+    return slope
+
+@gluon.jit
 def _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr,
-          CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False, window=None):
+          CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False, window=None, SOFTCAP: gl.constexpr = False,
+          ALIBI: gl.constexpr = False, score=None):
     """Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − Δ) of one step, as the A operands of dV's and dK's products (rows before `full_lo` masked).
     With WINDOW, `window` = (full_end, window_left, window_right, seqlen_k): rows from full_end on masked too, by 14's
-    `_visible` (keys × rows)."""
-    p = gl.exp2(s * qk_scale - m[None, :])
+    `_visible` (keys × rows). With SOFTCAP or ALIBI, `score` = (softcap_scale, softcap_log2, slope_log2 per key row): 14's
+    score function with keys and rows swapped (|p − j| is symmetric), and softcap's derivative on dSᵀ, as the `tl` pass."""
+    if SOFTCAP or ALIBI:
+        softcap_scale, softcap_log2, slope_log2 = score
+        p = gl.exp2(_score_mod(s, rows, offs_n, -offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, ALIBI)
+                    - m[None, :])
+    else:
+        p = gl.exp2(s * qk_scale - m[None, :])
     if WINDOW:
         full_end, window_left, window_right, seqlen_k = window
         if (start_m < full_lo) | (start_m >= full_end):
@@ -62,16 +77,20 @@ def _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dty
         if start_m < full_lo:
             p = gl.where(offs_n[:, None] <= rows[None, :] + offset, p, 0.0)
     ds = p * (dp - delta[None, :])
+    if SOFTCAP:
+        ds = ds * _softcap_slope(s, score[0])                      # the chain rule through c·tanh(S·scale / c)
     return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout(ds.to(dtype), a_layout)
 
-@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "window_left", "window_right"])
+@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "window_left", "window_right", "stride_slopes_z"])
 def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of BLOCK_M rows, K, V of BLOCK_N
                          DK, DV, M, DELTA,                   # dk, dv (B, Hkv, Lk, D) any strides; m, delta (B, Hq, Lq)
                          stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                          num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                          window_left, window_right,          # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
+                         softcap_scale, softcap_log2, SLOPES, stride_slopes_z,   # with SOFTCAP, ALIBI (14's `_mod_args`)
                          HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr, WINDOW: gl.constexpr = False):
+                         STAGES: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr, WINDOW: gl.constexpr = False,
+                         SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
     """`_attn_bwd_dkdv`'s program (a K/V block of a batch and KV head, its group's query heads summed), on wgmma: Sᵀ and dPᵀ
     with K and V as A operands, Pᵀ and dSᵀ as register A operands of dV's and dK's products."""
     dtype: gl.constexpr = q_desc.dtype
@@ -130,6 +149,7 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
         if n_steps > 0:
             h, start_m = _step_rows(0, per_head, lo, head0, BLOCK_M=BLOCK_M)
             m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
+            score = (softcap_scale, softcap_log2, _step_slope(SLOPES, stride_slopes_z, off_z, h, ALIBI, BLOCK_N, keys_s))
             mbarrier.wait(bars.index(0), 0)
             q = q_smem.index(0).reshape([BLOCK_M, HEAD_DIM])
             do = do_smem.index(0).reshape([BLOCK_M, HEAD_DIM])
@@ -137,10 +157,11 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
             dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p16, ds16 = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL,
-                                WINDOW, window)
+                                WINDOW, window, SOFTCAP, ALIBI, score)
             for t in range(0, n_steps - 1):
                 h, start_m = _step_rows(t + 1, per_head, lo, head0, BLOCK_M=BLOCK_M)
                 m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
+                score = (softcap_scale, softcap_log2, _step_slope(SLOPES, stride_slopes_z, off_z, h, ALIBI, BLOCK_N, keys_s))
                 slot = t % STAGES
                 nxt = (t + 1) % STAGES
                 mbarrier.wait(bars.index(nxt), ((t + 1) // STAGES) & 1)
@@ -152,7 +173,7 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
                 dk_tok = warpgroup_mma(ds16, q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM]), warpgroup_mma_init(dk), is_async=True)
                 s, dp = warpgroup_mma_wait(2, deps=(s_tok, dp_tok))                                  # … done; step t's run on
                 p16_next, ds16_next = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL,
-                                WINDOW, window)
+                                WINDOW, window, SOFTCAP, ALIBI, score)
                 dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
                 h, row = _step_rows(t + STAGES, per_head, lo, head0, BLOCK_M=BLOCK_M)                 # slot t is free again
                 _issue_rows(q_desc, do_desc, off_z, h, row, bars, q_smem, do_smem, t + STAGES, t + STAGES < n_steps)
@@ -167,6 +188,7 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
             slot = t % STAGES
             h, start_m = _step_rows(t, per_head, lo, head0, BLOCK_M=BLOCK_M)
             m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
+            score = (softcap_scale, softcap_log2, _step_slope(SLOPES, stride_slopes_z, off_z, h, ALIBI, BLOCK_N, keys_s))
             mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
             q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
             do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
@@ -174,7 +196,7 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
             dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)    # dPᵀ = V dOᵀ
             s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             p16, ds16 = _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL,
-                                WINDOW, window)
+                                WINDOW, window, SOFTCAP, ALIBI, score)
             dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)                 # dV += Pᵀ dO
             dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)                 # dK += dSᵀ Q
             dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
@@ -195,28 +217,25 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
 # %% ../nbs/15_gluon_backward.ipynb #fc66fd9b
 def gluon_dkdv_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
     """Whether `_attn_bwd_dkdv_gluon` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), Q and dO
-    through descriptors, D 64 or 128, and no softcap or ALiBi (a window it takes; a sink changes only the LSE it reads)."""
-    flags = {} if mods is None else _backward_mod_flags(mods, causal)
-    plain = not any(on for name, on in flags.items() if name != "WINDOW")
-    return use_tma and head_dim in BACKWARD_GLUON and plain and _gluon_usable(q)
+    through descriptors, D 64 or 128. Every score modifier of 14 it takes (a sink changes only the LSE it reads)."""
+    return use_tma and head_dim in BACKWARD_GLUON and _gluon_usable(q)
 
 def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
-    "`_attn_bwd_dkdv_gluon`'s arguments by name, and its grid's size: a program per (K/V block, batch, KV head); `mods`: a window."
+    "`_attn_bwd_dkdv_gluon`'s arguments by name, and its grid's size: a program per (K/V block, batch, KV head); `mods`: 14's."
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
-    flags = dict(WINDOW=False) if mods is None else _backward_mod_flags(mods, causal)
-    if flags.get("SOFTCAP") or flags.get("ALIBI"):
-        raise ValueError(f"{c.label} takes a window, not softcap or ALiBi: the `tl` dK/dV pass does")
-    window_left, window_right = _mod_args(mods, causal, scale, Lq, Lk, q.device)[:2]
+    flags = _backward_mod_flags(mods, causal)
+    window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z, _ = _mod_args(mods, causal, scale, Lq, Lk, q.device)
     named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, c.BLOCK_N), v_desc=_descriptor(v, c.BLOCK_N),
                  do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
                  stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
                  stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
-                 window_left=window_left, window_right=window_right,
+                 window_left=window_left, window_right=window_right, softcap_scale=softcap_scale, softcap_log2=softcap_log2,
+                 SLOPES=slopes, stride_slopes_z=stride_slopes_z,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages, OVERLAP=c.OVERLAP,
-                 num_warps=c.num_warps, WINDOW=flags["WINDOW"])
+                 num_warps=c.num_warps, **flags)
     return named, triton.cdiv(Lk, c.BLOCK_N) * B * Hkv
 
 _DKDV_GLUON_ARGS = list(inspect.signature(_attn_bwd_dkdv_gluon.fn).parameters)
