@@ -127,13 +127,14 @@ def _mods_start(m_i, l_i, mods, off_z, off_h, ALIBI: gl.constexpr, SINK: gl.cons
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offset, qk_scale, logit_mods, CAUSAL: gl.constexpr,
-                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False, window=None):
+                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False, window=None,
+                  EXACT_TANH: gl.constexpr = False):
     """Online softmax of one tile of raw scores (masked from `full_end` on): P (float32), α, the new running sum and max.
     The logits are 14's `_score_mod`: S·scale, or softcapped and ALiBi-biased (`logit_mods` from `_mods_start`). With
     WINDOW, `window` = (full_lo, window_left, window_right): tiles below full_lo are masked too, by 14's `_visible`."""
     softcap_scale, softcap_log2, slope_log2 = logit_mods
     qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2,
-                    SOFTCAP, ALIBI)                             # base-2 logits, whatever the scale's sign
+                    SOFTCAP, ALIBI, EXACT_TANH)                 # base-2 logits, whatever the scale's sign
     if WINDOW:
         full_lo, window_left, window_right = window
         if (start_n >= full_end) | (start_n < full_lo):
@@ -153,12 +154,13 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
 
 @gluon.jit
 def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-             WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False):
+             WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False, EXACT_TANH: gl.constexpr = False):
     """P of an unmasked tile of raw scores, each row's maximum `m_fixed` ((rows, 1)) fixed: 2^(logit − m), one FMA and one
     exp2 per score without the modifiers; with them the logit is `_score_mod`'s, as in the masked run. With WINDOW the
     tiles of the window's left edge (below `window`'s full_lo) are masked, as `_softmax_tile` masks them."""
     softcap_scale, softcap_log2, slope_log2 = logit_mods
-    qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, ALIBI)
+    qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, ALIBI,
+                    EXACT_TANH)
     if WINDOW:
         full_lo, window_left, window_right = window
         if start_n < full_lo:
@@ -680,6 +682,7 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
     dtype: gl.constexpr = o_desc.dtype
     rows: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    EXACT_TANH: gl.constexpr = HEAD_DIM == 64   # Triton 3.6's ptxas crashes on this kernel at D 64 with tanh.approx (not a candidate there)
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
@@ -705,21 +708,21 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
         mbarrier.arrive(k_empty.index(0), count=1)
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(0, n_online, online_lo, BLOCK_N=BLOCK_N),
                                            full_end, seqlen_k, offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP,
-                                           ALIBI=ALIBI)
+                                           ALIBI=ALIBI, EXACT_TANH=EXACT_TANH)
         p_smem.index(me * 2).store(p.to(dtype))
         fence_async_shared()
         for t in range(0, n_online - 1):                               # the rest of the masked run: online
             s, acc_tok = _ws_products(me, t, q, acc, s_zero, smem, bars, PINGPONG=PINGPONG)
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N=BLOCK_N),
                                                full_end, seqlen_k, offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP,
-                                               ALIBI=ALIBI)
+                                               ALIBI=ALIBI, EXACT_TANH=EXACT_TANH)
             acc = _ws_retire(me, t, p, acc_tok, smem, bars)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
         m_fixed = gl.where(m_i == float("-inf"), 0.0, m_i)            # a row that saw none of them sees no key: P stays 0
         for t in range(n_online - 1, n_loads - 1):                     # the unmasked tiles, each row's maximum fixed
             s, acc_tok = _ws_products(me, t, q, acc, s_zero, smem, bars, PINGPONG=PINGPONG)
             p = _fixed_p(s, m_fixed[:, None], offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N=BLOCK_N), offset,
-                         qk_scale, logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI)   # one FMA and one exp2 per score, no rescale
+                         qk_scale, logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI, EXACT_TANH=EXACT_TANH)   # one FMA, one exp2 per score
             l_i = l_i + gl.sum(p, 1)
             acc = _ws_retire(me, t, p, acc_tok, smem, bars)
         t_last = n_loads - 1
@@ -744,7 +747,8 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
             mbarrier.wait(bar, t & 1)
             s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, t * BLOCK_N, full_end, seqlen_k, offset,
-                                               qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                                               qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                               EXACT_TANH=EXACT_TANH)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc, p16 = warpgroup_mma_wait(0, deps=(warpgroup_mma(p16, v, warpgroup_mma_init(acc), is_async=True), p16))

@@ -88,21 +88,22 @@ def _visible(rows, cols, seqlen_k, diag_offset, window_left, window_right, CAUSA
 _HARDWARE_TANH = tl.constexpr(not interpreting() and torch.version.hip is None)   # NVIDIA's MUFU.TANH (sm_75 on)
 
 @triton.jit
-def _tanh(x):
+def _tanh(x, EXACT: tl.constexpr = False):
     """tanh in float32. On an NVIDIA GPU one `tanh.approx.f32`: a single operation of the multi-function unit, which the
     softmax's exp2 keeps busy (relative error about 1e-5, far below the inputs' rounding). Under the interpreter, which
-    cannot run PTX, from exp2: 1 − 2 / (e^(2x) + 1), ±1 at both ends and no NaN for any finite x."""
-    if _HARDWARE_TANH:
+    cannot run PTX, or with EXACT (a kernel ptxas cannot build with it), from exp2: 1 − 2 / (e^(2x) + 1), ±1 at both ends
+    and no NaN for any finite x."""
+    if _HARDWARE_TANH and not EXACT:
         return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
     else:
         return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)   # e^(2x) = 2^(2x·log2 e)
 
 @triton.jit
 def _score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_log2, slope_log2,
-               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, EXACT_TANH: tl.constexpr = False):
     """Raw scores S = QKᵀ to base-2 logits: S·scale; with SOFTCAP, c·tanh(S·scale / c) (`softcap_scale` = scale / c,
     `softcap_log2` = c·log2 e); with ALIBI, minus slope·|p − j| (`slope_log2`: each row's slope · log2 e), as 14 teaches."""
-    if SOFTCAP: qk = _tanh(qk * softcap_scale) * softcap_log2
+    if SOFTCAP: qk = _tanh(qk * softcap_scale, EXACT_TANH) * softcap_log2
     else: qk = qk * qk_scale
     if ALIBI: qk = qk - slope_log2[:, None] * tl.abs(offs_m[:, None] + diag_offset - cols[None, :]).to(tl.float32)
     return qk
