@@ -53,6 +53,31 @@ def test_rules_name_candidates_of_their_kernel():
         assert r["config"] in [c.label for c in offered], r
 
 
+
+@pytest.mark.parametrize("mods", ["window", "softcap", "alibi"])
+def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
+    """Where a call's modifiers rule out the candidate a rule names (the ws kernel takes no window or ALiBi; the 64×128
+    Gluon dK/dV tile spills with softcap or ALiBi), the first call still runs the rule's kernel, on its first candidate that
+    takes them: a Gluon rule stays on a Gluon kernel, never falls to a `tl` tiling."""
+    from triton_fa2 import gluon
+    from triton_fa2.score_mods import ScoreMods
+    monkeypatch.setattr(candidates, "interpreting", lambda: False)
+    given = dict(window=ScoreMods(window_size=(4095, 0)), softcap=ScoreMods(softcap=50.0),
+                 alibi=ScoreMods(alibi_slopes=torch.ones(32)))[mods]
+    smem = GPU_FAMILIES[(9, 0)][1]
+    for r in rules((9, 0)):
+        if r["kernel"] == "prefill":
+            offered = [c for c in candidates.prefill_candidates(r["head_dim"], False, smem, gluon=True)
+                       if c.kernel != "gluon" or gluon.takes(c, given)]
+        else:
+            offered = candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True, score_mods=mods != "window")
+        pick = dispatch._rule_pick(r["config"], offered)
+        every = (candidates.prefill_candidates(r["head_dim"], False, smem, gluon=True) if r["kernel"] == "prefill"
+                 else candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True))
+        named = next(c for c in every if c.label == r["config"])
+        assert pick.kernel == named.kernel, (mods, r, pick)
+        if named in offered: assert pick == named, (mods, r, pick)
+
 def _run(code:str, cache:str, **env) -> str:
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, TRITON_FA2_CACHE_DIR=cache, **env))

@@ -108,6 +108,7 @@ def main():
     for name, B, n, window, softcap, alibi, sink in CASES:
         if args.cases and name not in args.cases.split(","): continue
         torch.manual_seed(0)
+        seen = set(triton_fa2.dispatch._PICKS)                    # the picks of earlier cases: `config` names this case's
         q, k, v, do = (torch.randn(B, H, n, D, device="cuda", dtype=DTYPE) for _ in range(4))
         slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device="cuda") if alibi else None
         sinks = torch.randn(H, device="cuda") if sink else None
@@ -127,8 +128,8 @@ def main():
             grads[prov] = torch.autograd.grad(fn(*leaves), leaves, do)
         err_bwd = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(grads["triton_fa2"], grads["flex"]))
         del grads
-        config = triton_fa2.dispatch._PICKS and ";".join(sorted({c.label for key, c in triton_fa2.dispatch._PICKS.items()
-                                                                if key[0] in ("prefill", "bwd_dkdv", "bwd_dq") and key[1] == D}))
+        config = ";".join(sorted({c.label for key, c in triton_fa2.dispatch._PICKS.items()
+                                  if key not in seen and key[0] in ("prefill", "bwd_dkdv", "bwd_dq") and key[1] == D}))
         pairs = visible_pairs(n, window)
         fwd_flops = 4 * D * pairs * B * H
         for op, flops in (("forward", fwd_flops), ("backward", 2.5 * fwd_flops)):

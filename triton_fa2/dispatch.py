@@ -116,10 +116,19 @@ def _device_name(device:str) -> str:
 
 def _median(t) -> float: return t[0] if isinstance(t, (list, tuple)) else t
 
+def _rule_pick(rule:str, candidates:list) -> Candidate:
+    """The rule's candidate (a label); where this call cannot run it (the ws kernel takes no window, a Gluon dK/dV tile
+    spills with softcap or ALiBi), the first candidate of the rule's kernel, which keeps the call on the kernel the rule
+    measured fastest; else the first candidate."""
+    labels = {c.label: c for c in candidates}
+    if rule in labels: return labels[rule]
+    kind = lambda label: label.split()[0] if label.split()[0].isalpha() else "tl"   # 'gluon …', 'dkdv …', 'dq …'; a `tl` tiling
+    return next((c for c in candidates if rule and kind(c.label) == kind(rule)), candidates[0])
+
 def _choose(key:tuple, candidates:list, run, rule:str=None) -> Candidate:
     """The candidate for `key` (whose last element is the device), kept in `_PICKS`: the only one; the pick the tuning
     cache saved for this GPU model; when tuning is asked for, the fastest after timing and confirmation, then saved;
-    else the rule's (`rule`, a label) if it is a candidate here, or the first candidate."""
+    else the rule's (`rule`, a label) by `_rule_pick`."""
     labels = {c.label: c for c in candidates}
     tune, saved = tuning_requested(), load_pick(key[:-1], _device_name(key[-1])) if len(candidates) > 1 else None
     if len(candidates) == 1: pick = candidates[0]
@@ -132,7 +141,7 @@ def _choose(key:tuple, candidates:list, run, rule:str=None) -> Candidate:
         pick = _confirm_pick(timings, run, key=key)
         save_pick(key[:-1], _device_name(key[-1]), pick.label, {c.label: round(_median(t), 5) for c, t in timings.items()})
     else:
-        pick = labels.get(rule, candidates[0])
+        pick = _rule_pick(rule, candidates)
         say_once("compiling", logging.INFO, "triton_fa2: compiling %s for a new shape (one kernel, no timing); "
                  "triton_fa2.warmup(...) or `python -m triton_fa2 warmup ...` at start-up moves this out of the first call", pick.label)
     if tune or saved in labels or len(candidates) == 1: _TUNED.add(key)
@@ -389,7 +398,8 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
             smem = _max_smem(q.device.index) if q.is_cuda else 0
             candidates = [c for c in prefill_candidates(D, not use_tma, smem, gluon=gluon_ok, varlen=True)
                           if c.kernel != "gluon" or _gluon.takes(c, mods, varlen=True)]
-            pick = _choose(key, candidates, run)
+            rule = rule_config("prefill", _capability(q.device), D, q.dtype, causal, max_seqlen_k) if q.is_cuda else None
+            pick = _choose(key, candidates, run, rule)          # the dense call's rule at the longest sequence
         try: run(pick)
         except Exception as e:
             if pick.kernel != "gluon": raise
