@@ -85,18 +85,22 @@ def _visible(rows, cols, seqlen_k, diag_offset, window_left, window_right, CAUSA
     return visible
 
 # %% ../nbs/14_score_mods.ipynb #8c2f2a89
-_HARDWARE_TANH = tl.constexpr(not interpreting() and torch.version.hip is None)   # NVIDIA's MUFU.TANH (sm_75 on)
+@triton.jit
+def _tanh_exp2(x, EXACT: tl.constexpr = True):
+    "tanh in float32 from exp2: 1 − 2 / (e^(2x) + 1), ±1 at both ends and no NaN for any finite x."
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)   # e^(2x) = 2^(2x·log2 e)
 
 @triton.jit
-def _tanh(x, EXACT: tl.constexpr = False):
-    """tanh in float32. On an NVIDIA GPU one `tanh.approx.f32`: a single operation of the multi-function unit, which the
-    softmax's exp2 keeps busy (relative error about 1e-5, far below the inputs' rounding). Under the interpreter, which
-    cannot run PTX, or with EXACT (a kernel ptxas cannot build with it), from exp2: 1 − 2 / (e^(2x) + 1), ±1 at both ends
-    and no NaN for any finite x."""
-    if _HARDWARE_TANH and not EXACT:
-        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)   # e^(2x) = 2^(2x·log2 e)
+def _tanh_approx(x, EXACT: tl.constexpr = False):
+    """tanh in float32 as one `tanh.approx.f32`: a single operation of the multi-function unit, which the softmax's exp2
+    keeps busy (relative error about 1e-5, far below the inputs' rounding); with EXACT (a kernel ptxas cannot build with
+    it), `_tanh_exp2`."""
+    if EXACT: return _tanh_exp2(x)
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+# NVIDIA GPUs have MUFU.TANH (sm_75 on); the interpreter cannot run PTX. A function chosen here rather than a global
+# flag read inside one: Triton 3.6 hashes a kernel's global constants differently when a callee was hashed before it.
+_tanh = _tanh_exp2 if interpreting() or torch.version.hip is not None else _tanh_approx
 
 @triton.jit
 def _score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_log2, slope_log2,
