@@ -212,9 +212,9 @@ def test_the_dispatcher_takes_every_score_modifier_to_gluon(monkeypatch):
         o, lse = torch.empty_like(q), torch.empty(2, 4, 100, device=q.device)
         dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=GluonConfig(), mods=mods)
         assert launched[-1] is mods and asked[-1][4] is True and asked[-1][5] is mods   # asked with the fixed maximum
-        if mods is not None and (mods.alibi_slopes is not None or mods.window_size != (-1, -1)):
+        if mods is not None and mods.alibi_slopes is not None:
             assert not takes(ws, mods)
-            with pytest.raises(ValueError, match="ALiBi and windows: not the ws kernel"):
+            with pytest.raises(ValueError, match="ALiBi: not the ws kernel"):
                 dispatch._attention_forward(q, k, v, o, lse, True, 0.125, config=ws, mods=mods)
         else: assert takes(ws, mods)
         o.fill_(float("nan"))

@@ -56,7 +56,7 @@ def test_rules_name_candidates_of_their_kernel():
 
 @pytest.mark.parametrize("mods", ["window", "softcap", "alibi"])
 def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
-    """Where a call's modifiers rule out the candidate a rule names (the ws kernel takes no window or ALiBi; the 64×128
+    """Where a call's modifiers rule out the candidate a rule names (the ws kernel takes no ALiBi; the 64×128
     Gluon dK/dV tile spills with softcap or ALiBi), the first call still runs the rule's kernel, on its first candidate that
     takes them: a Gluon rule stays on a Gluon kernel, never falls to a `tl` tiling."""
     from triton_fa2 import gluon

@@ -20,7 +20,7 @@ import triton_fa2.split_kv as split_kv
 import triton_fa2.varlen as varlen
 from triton_fa2 import candidates, gluon
 from triton_fa2.candidates import Candidate
-from triton_fa2.runtime import compile_for_gpu, cuobjdump, resource_usage
+from triton_fa2.runtime import compile_for_gpu, cuobjdump, resource_usage, triton_release
 
 H200_SMEM = 232448   # bytes of shared memory a block may use on sm_90
 
@@ -297,10 +297,12 @@ def spill_accepted(job) -> bool:
     faster), or a score-modifier variant of a `tl` kernel (they share the plain kernels' tiles; results/score_mods.csv
     measures them), or a Gluon forward kernel with a window and every other modifier at once (with D = 128 the
     one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6), or the Gluon dK/dV pass with every modifier
-    (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi). The Gluon forward kernels with
-    the other modifiers, or a window alone, may not spill."""
+    (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or the ws kernel with a window on
+    a Triton release its Gluon kernels do not run on (`gluon.GLUON_RELEASES`; without the causal mask it spills 8 bytes on
+    Triton 3.9, none on 3.6). The Gluon forward kernels with the other modifiers, or a window alone, may not spill."""
     kind, D, config, heads = job
     if kind == "modifiers" or (kind == "gluon_window" and heads != "alone"): return True
+    if kind == "gluon_window" and config.WARP_SPECIALIZE and triton_release() not in gluon.GLUON_RELEASES: return True
     if kind == "gluon_dkdv": return heads == "every modifier" or (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 

@@ -117,7 +117,7 @@ def _device_name(device:str) -> str:
 def _median(t) -> float: return t[0] if isinstance(t, (list, tuple)) else t
 
 def _rule_pick(rule:str, candidates:list) -> Candidate:
-    """The rule's candidate (a label); where this call cannot run it (the ws kernel takes no window, a Gluon dK/dV tile
+    """The rule's candidate (a label); where this call cannot run it (the ws kernel takes no ALiBi, a Gluon dK/dV tile
     spills with softcap or ALiBi), the first candidate of the rule's kernel, which keeps the call on the kernel the rule
     measured fastest; else the first candidate."""
     labels = {c.label: c for c in candidates}
@@ -228,7 +228,7 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
     if config is not None:                              # a test's candidate: its failure is what the test is for
         if config.kernel == "gluon" and not (gluon_ok and _gluon.takes(config, mods)):
             raise ValueError(f"{config.label} runs only on sm_90 with Gluon, through TMA views of unpacked rows, "
-                             "for D 64 or 128 with the fixed maximum (ALiBi and windows: not the ws kernel)")
+                             "for D 64 or 128 with the fixed maximum (ALiBi: not the ws kernel)")
         run(config)
         return config
     flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())   # the device stays last

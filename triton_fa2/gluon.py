@@ -421,12 +421,12 @@ def applies(q, head_dim:int, use_tma:bool, pack_gqa:bool, fixed_max:bool, mods:S
 
 def takes(config:Candidate, mods:ScoreMods=None, varlen:bool=False) -> bool:
     """Whether a Gluon candidate runs these score modifiers (a call `applies` allows): the one-warpgroup kernel every one,
-    a sliding window too; the ws kernel softcap and sinks, not ALiBi (with it Triton 3.6's ptxas spilled, or crashed beside
-    softcap) and not a window. Packed sequences (`varlen`, 13): the one-warpgroup kernel alone (zeroing the V rows past a
+    a sliding window too; the ws kernel softcap, sinks and a window, not ALiBi (with it Triton 3.6's ptxas spilled, or
+    crashed beside softcap). Packed sequences (`varlen`, 13): the one-warpgroup kernel alone (zeroing the V rows past a
     sequence made the ws kernel's consumers spill)."""
     if not config.WARP_SPECIALIZE: return True
     if varlen: return False
-    return mods is None or (mods.alibi_slopes is None and not _mod_flags(mods, causal=False)["WINDOW"])
+    return mods is None or mods.alibi_slopes is None
 
 # %% ../nbs/11_gluon.ipynb #9ea9a4b7
 @functools.lru_cache
@@ -455,13 +455,14 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
         raise ValueError(f"the ws kernel has two consumer warpgroups of 64 rows: BLOCK_M = 128, not {config.BLOCK_M}")
     flags = _mod_flags(mods, causal)
     window = flags.pop("WINDOW")
-    if not takes(config, mods): raise ValueError(f"{config.label} takes neither ALiBi nor a window: the one-warpgroup Gluon kernel does")
+    if not takes(config, mods): raise ValueError(f"{config.label} takes no ALiBi: the one-warpgroup Gluon kernel does")
     rows = 64 if config.WARP_SPECIALIZE else config.BLOCK_M    # a Q or O tile is one warpgroup's rows
     window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z, sinks = _mod_args(mods, causal, scale, Lq, Lk, lse.device)
     named = dict(q_desc=_descriptor(q, rows), k_desc=_descriptor(k, config.BLOCK_N), v_desc=_descriptor(v, config.BLOCK_N),
                  o_desc=_descriptor(o, rows), LSE=lse, seqlen_q=Lq, seqlen_k=Lk, num_heads=Hq, group_size=Hq // Hkv,
                  qk_scale=scale * LOG2E, softcap_scale=softcap_scale, softcap_log2=softcap_log2, SLOPES=slopes,
-                 stride_slopes_z=stride_slopes_z, SINKS=sinks, HEAD_DIM=D, CAUSAL=causal, **flags)
+                 stride_slopes_z=stride_slopes_z, SINKS=sinks, window_left=window_left, window_right=window_right, HEAD_DIM=D,
+                 CAUSAL=causal, WINDOW=window, **flags)
     if packed is None:
         if not config.WARP_SPECIALIZE:
             named.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_om=None, stride_oh=None, stride_lse_h=None, VARLEN=False)
@@ -476,8 +477,7 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
         named.update(BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, PINGPONG=config.PINGPONG, CONSUMER_REGS=_WS_CONSUMER_REGS,
                      num_warps=config.num_warps, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
     else: named.update(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, Q_IN_REGS=config.Q_IN_REGS,
-                       P_SMEM=config.P_SMEM, num_warps=config.num_warps, window_left=window_left, window_right=window_right,
-                       WINDOW=window)
+                       P_SMEM=config.P_SMEM, num_warps=config.num_warps)
     return named, triton.cdiv(named["seqlen_q"], config.BLOCK_M) * programs
 
 def launch(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None):
@@ -581,19 +581,26 @@ def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.b
 
 # %% ../nbs/11_gluon.ipynb #12683ec5
 @gluon.jit
-def _ws_block(seqlen_q, seqlen_k, num_heads, group_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              ALIBI: gl.constexpr = False):
+def _ws_block(seqlen_q, seqlen_k, num_heads, group_size, window_left, window_right, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
     """This program's block of rows, as `_attn_fwd_gluon` orders the grid (a head's row blocks together, the ones that see
     the most keys first when causal): where it is (batch, head, KV head, their row of LSE, first row), and its tile plan
-    (`_key_plan`: the masked run's tiles, its first key, all loads, the first masked key, the last key)."""
+    (`_key_plan`, or `_window_plan` with WINDOW: the masked run's tiles, its first key, all loads, the first masked key,
+    the last key, the first key of the fixed run and the window's left edge, both 0 without a window)."""
     start_m, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_q, BLOCK_M), CAUSAL)
     off_z = off_zh // num_heads
     off_h = off_zh % num_heads
     off_hkv = off_h // group_size
     first_pos = start_m * BLOCK_M
-    end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
-                                                             ALIBI=ALIBI)
-    return (off_z, off_h, off_hkv, off_zh, first_pos), (n_online, online_lo, n_online + n_fixed, full_end, end)
+    if WINDOW:
+        end, full_end, online_lo, n_online, n_fixed, fixed_lo, full_lo = _window_plan(
+            first_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, ALIBI=ALIBI)
+    else:
+        end, full_end, online_lo, n_online, n_fixed = _key_plan(first_pos, seqlen_q, seqlen_k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                                                CAUSAL=CAUSAL, ALIBI=ALIBI)
+        fixed_lo = 0
+        full_lo = 0
+    return (off_z, off_h, off_hkv, off_zh, first_pos), (n_online, online_lo, n_online + n_fixed, full_end, end, fixed_lo, full_lo)
 
 
 @gluon.jit
@@ -604,7 +611,7 @@ def _ws_producer(descs, smem, bars, block, plan):
     q_smem, k_smem, v_smem, p_smem = smem
     q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars = bars
     off_z, off_h, off_hkv, off_zh, first_pos = block
-    n_online, online_lo, n_loads, full_end, end = plan
+    n_online, online_lo, n_loads, full_end, end, fixed_lo, full_lo = plan
     stages: gl.constexpr = k_smem.shape[0]
     rows: gl.constexpr = q_smem.shape[3]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -615,7 +622,7 @@ def _ws_producer(descs, smem, bars, block, plan):
     for t in range(n_loads):
         slot = t % stages
         phase = (t // stages) & 1
-        row = _load_row(t, n_online, online_lo, BLOCK_N=BLOCK_N)
+        row = _load_row(t, n_online, online_lo, BLOCK_N=BLOCK_N, fixed_lo=fixed_lo)
         mbarrier.wait(k_empty.index(slot), phase ^ 1)             # a fresh barrier counts as its phase 1 done
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         _tma_load(k_desc, [off_z, off_hkv, row, 0], k_ready.index(slot), k_smem.index(slot))
@@ -668,17 +675,21 @@ def _ws_retire(me: gl.constexpr, t, p, acc_tok, smem, bars):
 
 
 @gluon.jit
-def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, CAUSAL: gl.constexpr,
-                 PINGPONG: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINK: gl.constexpr):
+def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, window_sides,
+                 CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINK: gl.constexpr,
+                 WINDOW: gl.constexpr):
     """Consumer warpgroup `me` of the block: rows first_pos + 64·me …, every K/V tile the producer loads, PV(t) under
     softmax(t+1). The masked run online; then each row's maximum from it fixed for the unmasked tiles, and, if P
     overflowed, the block redone online (own loads into ring slot `me` once both consumers are done with the rings).
-    O leaves through Q's tile. `mods`: the score modifiers' arguments, as `_mods_start` takes them."""
+    O leaves through Q's tile. `mods`: the score modifiers' arguments, as `_mods_start` takes them; with WINDOW,
+    `window_sides` = (window_left, window_right), and the plan's tiles are the window's (`_window_plan`)."""
     q_desc, k_desc, v_desc, o_desc, LSE = descs
     q_smem, k_smem, v_smem, p_smem = smem
     q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars = bars
     off_z, off_h, off_hkv, off_zh, first_pos = block
-    n_online, online_lo, n_loads, full_end, end = plan
+    n_online, online_lo, n_loads, full_end, end, fixed_lo, full_lo = plan
+    window_left, window_right = window_sides
+    window = (full_lo, window_left, window_right)
     dtype: gl.constexpr = o_desc.dtype
     rows: gl.constexpr = q_smem.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.shape[4]
@@ -706,23 +717,24 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
         _give_turn(turn_bars, me, PINGPONG=PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(0, n_online, online_lo, BLOCK_N=BLOCK_N),
-                                           full_end, seqlen_k, offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP,
-                                           ALIBI=ALIBI, EXACT_TANH=EXACT_TANH)
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, online_lo, full_end, seqlen_k, offset, qk_scale,
+                                           logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW,
+                                           window=window, EXACT_TANH=EXACT_TANH)
         p_smem.index(me * 2).store(p.to(dtype))
         fence_async_shared()
         for t in range(0, n_online - 1):                               # the rest of the masked run: online
             s, acc_tok = _ws_products(me, t, q, acc, s_zero, smem, bars, PINGPONG=PINGPONG)
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N=BLOCK_N),
-                                               full_end, seqlen_k, offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP,
-                                               ALIBI=ALIBI, EXACT_TANH=EXACT_TANH)
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, online_lo + (t + 1) * BLOCK_N, full_end, seqlen_k,
+                                               offset, qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                                               WINDOW=WINDOW, window=window, EXACT_TANH=EXACT_TANH)
             acc = _ws_retire(me, t, p, acc_tok, smem, bars)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
         m_fixed = gl.where(m_i == float("-inf"), 0.0, m_i)            # a row that saw none of them sees no key: P stays 0
         for t in range(n_online - 1, n_loads - 1):                     # the unmasked tiles, each row's maximum fixed
             s, acc_tok = _ws_products(me, t, q, acc, s_zero, smem, bars, PINGPONG=PINGPONG)
-            p = _fixed_p(s, m_fixed[:, None], offs_m, offs_n, _load_row(t + 1, n_online, online_lo, BLOCK_N=BLOCK_N), offset,
-                         qk_scale, logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI, EXACT_TANH=EXACT_TANH)   # one FMA, one exp2 per score
+            p = _fixed_p(s, m_fixed[:, None], offs_m, offs_n, fixed_lo + (t + 1 - n_online) * BLOCK_N, offset, qk_scale,
+                         logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k,
+                         CAUSAL=CAUSAL, EXACT_TANH=EXACT_TANH)   # one FMA, one exp2 per score
             l_i = l_i + gl.sum(p, 1)
             acc = _ws_retire(me, t, p, acc_tok, smem, bars)
         t_last = n_loads - 1
@@ -740,15 +752,16 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
         acc = gl.zeros([rows, HEAD_DIM], gl.float32, layout=o_layout)
         k = k_smem.index(me).reshape([BLOCK_N, HEAD_DIM])
         v = v_smem.index(me).reshape([BLOCK_N, HEAD_DIM])
-        for t in range(0, gl.cdiv(end, BLOCK_N)):                      # one slot, load then compute: slow, and rare
+        for t in range(0, gl.cdiv(end - fixed_lo, BLOCK_N)):           # one slot, load then compute: slow, and rare
+            start_n = fixed_lo + t * BLOCK_N                           # from key 0, or the window's first tile
             mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            _tma_load(k_desc, [off_z, off_hkv, t * BLOCK_N, 0], bar, k_smem.index(me))
-            _tma_load(v_desc, [off_z, off_hkv, t * BLOCK_N, 0], bar, v_smem.index(me))
+            _tma_load(k_desc, [off_z, off_hkv, start_n, 0], bar, k_smem.index(me))
+            _tma_load(v_desc, [off_z, off_hkv, start_n, 0], bar, v_smem.index(me))
             mbarrier.wait(bar, t & 1)
             s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, t * BLOCK_N, full_end, seqlen_k, offset,
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offset,
                                                qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                                               EXACT_TANH=EXACT_TANH)
+                                               WINDOW=WINDOW, window=window, EXACT_TANH=EXACT_TANH)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc, p16 = warpgroup_mma_wait(0, deps=(warpgroup_mma(p16, v, warpgroup_mma_init(acc), is_async=True), p16))
@@ -761,19 +774,22 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
     tma.store_wait(0)
 
 
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size", "stride_slopes_z"])
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size", "stride_slopes_z", "window_left",
+                              "window_right"])
 def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
                  softcap_scale, softcap_log2, SLOPES, stride_slopes_z, SINKS,   # 14's modifiers, as `_attn_fwd_gluon`'s
+                 window_left, window_right,
                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                 SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False):
+                 SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False,
+                 WINDOW: gl.constexpr = False):
     consumers: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
     rows: gl.constexpr = q_desc.block_type.shape[2]                  # one consumer's rows: 64
     gl.static_assert(STAGES >= consumers, "a redo loads into ring slot `me`: one slot per consumer")
     gl.static_assert(not ALIBI, "ALiBi runs in `_attn_fwd_gluon` (`takes`)")
-    block, plan = _ws_block(seqlen_q, seqlen_k, num_heads, group_size, BLOCK_M=consumers * rows, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
-                            ALIBI=ALIBI)
+    block, plan = _ws_block(seqlen_q, seqlen_k, num_heads, group_size, window_left, window_right, BLOCK_M=consumers * rows,
+                            BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, ALIBI=ALIBI, WINDOW=WINDOW)
 
     q_smem = gl.allocate_shared_memory(dtype, [consumers, 1, 1, rows, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -804,10 +820,11 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     smem = (q_smem, k_smem, v_smem, p_smem)
     bars = (q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars)
     mods = (softcap_scale, softcap_log2, SLOPES, stride_slopes_z, SINKS)
-    gl.warp_specialize([(_ws_consumer, (0, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, CAUSAL, PINGPONG,
-                                        SOFTCAP, ALIBI, SINK)),
-                        (_ws_consumer, (1, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, CAUSAL, PINGPONG,
-                                        SOFTCAP, ALIBI, SINK)),
+    sides = (window_left, window_right)
+    gl.warp_specialize([(_ws_consumer, (0, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, sides, CAUSAL,
+                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW)),
+                        (_ws_consumer, (1, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, sides, CAUSAL,
+                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW)),
                         (_ws_producer, (descs, smem, bars, block, plan))],
                        [4, 1], [CONSUMER_REGS, 24])
 
