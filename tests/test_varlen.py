@@ -195,6 +195,29 @@ def test_gradients_land_in_a_packed_qkv_buffer_and_flow_through_the_lse():
         assert relative_error(got, ref) <= GRAD_TOL[torch.float16]
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_neighbours_nan_stays_out_forward_and_backward(causal):
+    """The middle sequence's keys, values, queries and output gradient are NaN: the sequences around it, whose key tiles
+    reach into its rows (their V rows zeroed in the forward, their P and dS zero in the backward), come out finite and
+    right, outputs and gradients alike."""
+    lengths = [21, 40, 19]
+    cu = offsets(lengths)
+    q = torch.randn(sum(lengths), 4, 32, device=device, dtype=torch.float16)
+    k, v = (torch.randn(sum(lengths), 2, 32, device=device, dtype=torch.float16) for _ in range(2))
+    do = torch.randn_like(q)
+    o_ref, _ = reference(q, k, v, cu, cu, causal)
+    g_ref = grad_reference(q, k, v, do, cu, cu, causal, 32 ** -0.5)
+    for t in (q, k, v, do): t[21:61] = float("nan")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_varlen_func(*leaves, cu, cu, 40, 40, causal=causal)
+    out.backward(do)
+    clean = torch.cat([torch.arange(0, 21), torch.arange(61, 80)]).to(device)
+    assert not out[clean].isnan().any() and relative_error(out[clean], o_ref[clean]) <= TOL[torch.float16]
+    for name, leaf, ref in zip("qkv", leaves, g_ref):
+        assert not leaf.grad[clean].isnan().any(), name
+        assert relative_error(leaf.grad[clean], ref[clean]) <= GRAD_TOL[torch.float16], name
+
+
 def test_rows_outside_every_sequence_are_zero_and_the_backward_fills_poisoned_buffers():
     "Offsets that end before the packed rows: those rows come back 0 (never uninitialised); the dispatcher's backward writes every gradient of a sequence."
     q = torch.randn(12, 2, 16, device=device, dtype=torch.float16)
