@@ -29,7 +29,7 @@ sequence on its own tokens, sampled heads for prefill): `err` is the largest |o 
 error above the dtype's tolerance (triton_fa2.__main__.TOLERANCES) times max(1, max |o_ref|), and such a provider is
 not timed; it is checked again after timing, and the graph's output after replay. A provider that cannot run says why
 in `note`. On a GPU triton_fa2 runs tuned, as the benchmark does (the first call of a new shape times every candidate,
-outside the timing). Every row carries gpu, torch, triton, commit and date (triton_fa2.bench.run_config).
+outside the timing); `config` names the configs its first call picked. Every row carries gpu, torch, triton, commit and date (triton_fa2.bench.run_config).
 
 --tiny runs every step on tiny shapes (H 4/2, D 64, ~200 prefill tokens, Lk ≤ 96, B ≤ 2): on a GPU as a quick check;
 without one under Triton's interpreter, where SDPA's backend choice and CUDA graphs are skipped (noted per row) and
@@ -55,7 +55,7 @@ COLUMNS = ["section", "provider", "layout", "batch", "heads_q", "heads_kv", "hea
            "seqlens", "seqlen_k", "page_size", "ms", "ms_eager", "timer",
            "real_tokens", "computed_tokens", "real_flops", "computed_flops", "tflops_real", "tflops_computed",
            "varlen_per_token_vs_dense", "kv_bytes", "gbps", "gbps_eager", "gbps_vs_contiguous",
-           "err", "ok", "note", "gpu", "torch", "triton", "commit", "date"]
+           "err", "ok", "note", "config", "gpu", "torch", "triton", "commit", "date"]
 
 # Odd lengths (no tile multiples) in no particular order, as a scheduler hands them over; they sum to 32768.
 SEQLENS = (2917, 100, 8000, 611, 1493, 4321, 257, 3109, 813, 1999, 145, 5555, 389, 1171, 977, 911)
@@ -126,17 +126,35 @@ def reason(e:Exception, caught:list) -> str:
     return " ".join(text.split())[:400]
 
 
+@contextlib.contextmanager
+def picks_recorded():
+    """The labels of the configs triton_fa2's dispatcher picks inside the block, its cache of picks emptied first so that
+    every call chooses again (from the tuning cache or the rules; nothing is timed twice)."""
+    from triton_fa2 import dispatch
+    seen, real = [], dispatch._choose
+    def choose(*args, **kwargs):
+        pick = real(*args, **kwargs)
+        seen.append(pick.label)
+        return pick
+    dispatch._PICKS.clear()
+    dispatch._choose = choose
+    try: yield seen
+    finally: dispatch._choose = real
+
+
 def measure(fn, pieces_of, refs:dict, gpu:bool, graph:bool, replays:int, warmup_ms:int, rep_ms:int) -> dict:
     """Check fn() against refs, then time it: the row's measured fields. pieces_of(o) maps fn's output to refs' keys.
-    graph: ms from CUDA-graph replays and ms_eager from eager calls; otherwise ms from eager calls."""
-    values = dict(ms="", ms_eager="", err="", ok=False, note="")
+    graph: ms from CUDA-graph replays and ms_eager from eager calls; otherwise ms from eager calls. `config`: what
+    triton_fa2 picked on the first call (empty for the other providers)."""
+    values = dict(ms="", ms_eager="", err="", ok=False, note="", config="")
     wrong = lambda err, when: f"wrong result{when}: max abs error {err:.2e} (NaN or above {TOLERANCES[DTYPE]:.1e} · max(1, |o_ref|))"
     caught = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, picks_recorded() as picks:
             warnings.simplefilter("always")
             o = fn()                                  # the first call compiles (and on a GPU tunes) triton_fa2
             if gpu: torch.cuda.synchronize()
+        values["config"] = " + ".join(picks)
     except Exception as e:
         values["note"] = reason(e, caught)
         return values
