@@ -31,6 +31,79 @@ def reference(q, k, v, cu_q, cu_k, causal, scale=None):
     return out, lse
 
 
+import inspect
+import triton
+import triton.language as tl
+from triton_fa2 import varlen as _varlen_module
+from triton_fa2.varlen import _packed_block, packed_slots
+
+
+@triton.jit
+def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr):
+    pid = tl.program_id(0)
+    z, block, head = _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK, LONGEST_FIRST)
+    tl.store(OUT + 3 * pid, z)
+    tl.store(OUT + 3 * pid + 1, block)
+    tl.store(OUT + 3 * pid + 2, head)
+
+
+@pytest.mark.parametrize("lengths", [[5], [0], [300, 0, 0, 1, 64, 65, 127, 128, 129, 0], [1] * 37, [0, 0, 1000, 3, 0],
+                                     [2917, 100, 8000, 611, 1493, 4321, 257]])
+def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
+    """The packed grid (`packed_slots` slots a head, `_packed_block`): every block of every sequence and head exactly once,
+    at most one spare slot per sequence, the slots backwards for causal, and spare rows past the last offset harmless."""
+    cu = offsets(lengths)
+    batch, heads = len(lengths), 3
+    for block in (16, 64, 128) if sum(lengths) < 2000 else (128,):    # the interpreter runs a program at a time
+        for longest_first in (False, True):
+            for spare_rows in (0, 77):                       # rows no sequence owns after the last
+                slots = packed_slots(sum(lengths) + spare_rows, batch, block)
+                out = torch.full((slots * heads, 3), -7, dtype=torch.int32, device=device)
+                _schedule_probe[(slots * heads,)](cu, out, slots, batch, BLOCK=block, LONGEST_FIRST=longest_first)
+                seen, spare = [], 0
+                for z, b, h in out.cpu().tolist():
+                    assert 0 <= z < batch and 0 <= h < heads and b >= 0, (z, b, h)
+                    if b * block < lengths[z]: seen.append((z, b, h))
+                    else: spare += 1
+                want = [(z, b, h) for h in range(heads) for z, n in enumerate(lengths) for b in range(-(-n // block))]
+                assert sorted(seen) == sorted(want), (block, longest_first)
+                assert spare <= heads * (batch + spare_rows // block + 1), spare
+                head0 = [(z, b) for z, b, h in out.cpu().tolist()[:slots] if b * block < lengths[z]]
+                assert head0 == sorted(head0, reverse=longest_first), "a head's slots in order, backwards for causal"
+
+
+def test_a_wrong_max_seqlen_costs_no_rows():
+    "The grids come from the packed rows: a `max_seqlen_*` below the longest sequence (unchecked on a GPU) only picks tiles."
+    lengths = [3, 70, 0, 41]
+    cu = offsets(lengths)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, device=device, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    o = torch.full_like(q, float("nan")).detach()
+    lse = torch.full((2, sum(lengths)), float("nan"), device=device)
+    dispatch._varlen_forward(q.detach(), k.detach(), v.detach(), o, lse, cu, cu, 1, 1, True, 32 ** -0.5)
+    ref, ref_lse = reference(q.detach(), k.detach(), v.detach(), cu, cu, True)
+    assert (o.double() - ref).abs().max().item() < TOL[torch.float16]
+    do = torch.randn_like(q)
+    grads = [torch.full_like(t, float("nan")).detach() for t in (q, k, v)]
+    dispatch._varlen_backward(do, q.detach(), k.detach(), v.detach(), o, lse, None, cu, cu, 1, 1, *grads, True, 32 ** -0.5)
+    ref_out, _ = reference(*(t.double() for t in (q, k, v)), cu, cu, True)
+    want = torch.autograd.grad(ref_out, (q, k, v), do.double())
+    for got, expected in zip(grads, want):
+        assert not got.isnan().any() and (got.double() - expected).abs().max().item() < 1e-2
+
+
+def test_every_packed_kernel_finds_its_block_through_the_one_block_list():
+    "The three `tl` kernels of packed sequences and the Gluon forward kernel all place their programs with `_packed_block`."
+    source = inspect.getsource(_varlen_module)
+    for kernel in ("_attn_fwd_varlen", "_attn_bwd_dkdv_varlen", "_attn_bwd_dq_varlen"):
+        body = source[source.index(f"def {kernel}("):]
+        body = body[:body.index("\ndef ", 1)]
+        assert "_packed_block(" in body and "_program_block(" not in body, kernel
+    try: from triton_fa2 import gluon
+    except Exception: return                                   # no Gluon in this Triton
+    gluon_source = inspect.getsource(gluon._attn_fwd_gluon.fn)
+    assert gluon_source.count("_packed_block(") == 1
+
+
 def check(lengths_q, lengths_k, Hq, Hkv, D, dtype, causal, scale=None, strided=False):
     cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
     tq, tk = sum(lengths_q), sum(lengths_k)
@@ -283,7 +356,7 @@ def test_descriptor_and_pointer_paths_agree_and_ignore_rows_past_the_sequences(c
     for use_tma in (False, True):
         o = torch.full_like(q, float("nan"))
         lse = torch.full((Hq, tq), float("nan"), device=device)
-        varlen.launch(q, k, v, o, lse, cu_q, cu_k, max(lengths_q), causal, D ** -0.5, candidate, None, use_tma)
+        varlen.launch(q, k, v, o, lse, cu_q, cu_k, causal, D ** -0.5, candidate, None, use_tma)
         assert not o.isnan().any(), use_tma
         assert (o.double() - ref).abs().max().item() < TOL[torch.float16], use_tma
 
@@ -319,7 +392,7 @@ def test_the_varlen_dispatch_offers_gluon_where_it_applies(monkeypatch):
         return real(*args, **kwargs)
     monkeypatch.setattr(dispatch, "prefill_candidates", candidates_seen)
     monkeypatch.setattr(dispatch._forward, "_has_tma", lambda device: True)
-    def stand_in(q, k, v, o, lse, cu_q, cu_k, max_seqlen_q, causal, scale, config, mods=None):
+    def stand_in(q, k, v, o, lse, cu_q, cu_k, causal, scale, config, mods=None):
         launched.append((config, mods))
         o.copy_(reference(q, k, v, cu_q, cu_k, causal, scale)[0])
     monkeypatch.setattr(_gluon, "launch_varlen", stand_in)
@@ -382,19 +455,19 @@ def test_a_varlen_gluon_pick_that_fails_falls_back_to_the_tl_kernel_once(monkeyp
 
 
 def test_the_gluon_varlen_arguments():
-    "A program per (Q block of the longest sequence, sequence, head); the (1, H, total, D) views; the dense launch unchanged."
+    "A program per (slot of the sequences' block list, head); the (1, H, total, D) views; the dense launch unchanged."
     lengths = [0, 1, 37, 300]
     q, k, v, o, lse, cu = gluon_inputs(lengths, Hq=8, Hkv=2, D=128, dtype=torch.bfloat16)
     config = GLUON_64
-    named, grid = _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, config, packed=(cu, cu, 300))
-    assert grid == -(-300 // config.BLOCK_M) * len(lengths) * 8 and named["VARLEN"] and named["seqlen_q"] == 300
+    named, grid = _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, config, packed=(cu, cu))
+    assert grid == (338 // config.BLOCK_M + len(lengths)) * 8 and named["VARLEN"] and named["seqlen_q"] == 338
     assert named["q_desc"].shape == [1, 8, 338, 128] and named["k_desc"].shape == [1, 2, 338, 128]
     assert (named["stride_om"], named["stride_oh"], named["stride_lse_h"]) == (8 * 128, 128, 338)
     dense, _ = _gluon._arguments(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v, o)), lse[None], True, 0.1, config)
     assert not dense["VARLEN"] and dense["CU_SEQLENS_Q"] is None and dense["O"] is None
     assert [n for n in _gluon.ARG_NAMES if n not in dense] == []                   # every parameter named: the saved launch
     with pytest.raises(ValueError, match="not the ws kernel"):
-        _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, GLUON_WS, packed=(cu, cu, 300))
+        _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, GLUON_WS, packed=(cu, cu))
 
 
 def gluon_mods(name, Hq, batch):

@@ -79,7 +79,7 @@ def compile_varlen(lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dty
         table = torch.arange(len(lengths) * per_seq, dtype=torch.int32).view(len(lengths), per_seq)
     else: k, v, table = *(torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2)), None
     with offline(varlen, "_attn_fwd_varlen") as (kernel,):
-        varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, max(lengths), causal, D ** -0.5, Candidate("tl", *config), table,
+        varlen.launch(q, k, v, o, torch.empty(Hq, total), cu, cu, causal, D ** -0.5, Candidate("tl", *config), table,
                       use_tma, all_mods(Hq, mods))
     return kernel.compiled[0]
 
@@ -95,11 +95,11 @@ def compile_varlen_backward(kernel, lengths=(700, 2048, 1), Hq=8, Hkv=2, D=128, 
     c = Candidate(kernel, *config)
     if kernel == "bwd_dkdv":
         with offline(varlen, "_attn_bwd_dkdv_varlen") as (compiled,):
-            varlen.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c,
+            varlen.launch_dkdv(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, cu, cu, causal, D ** -0.5, c,
                                all_mods(Hq, mods))
     else:
         with offline(varlen, "_attn_bwd_dq_varlen") as (compiled,):
-            varlen.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, cu, cu, max(lengths), causal, D ** -0.5, c, all_mods(Hq, mods))
+            varlen.launch_dq(q, k, v, do, torch.empty_like(q), m, delta, cu, cu, causal, D ** -0.5, c, all_mods(Hq, mods))
     return compiled.compiled[0]
 
 
@@ -157,7 +157,7 @@ def compile_gluon_varlen(config, lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, ca
     k, v = (torch.empty(total, Hkv, D, dtype=dtype) for _ in range(2))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     named, _ = gluon._arguments(*gluon._packed_views(q, k, v, o), torch.empty(Hq, total), causal, D ** -0.5, config, mods,
-                                packed=(cu, cu, max(lengths)))
+                                packed=(cu, cu))
     return compile_for_gpu(gluon._attn_fwd_gluon, **named)
 
 

@@ -391,10 +391,12 @@ d = { 'settings': { 'branch': 'main',
             'triton_fa2.varlen': { 'triton_fa2.varlen._attn_bwd_dkdv_varlen': ('varlen.html#_attn_bwd_dkdv_varlen', 'triton_fa2/varlen.py'),
                                    'triton_fa2.varlen._attn_bwd_dq_varlen': ('varlen.html#_attn_bwd_dq_varlen', 'triton_fa2/varlen.py'),
                                    'triton_fa2.varlen._attn_fwd_varlen': ('varlen.html#_attn_fwd_varlen', 'triton_fa2/varlen.py'),
+                                   'triton_fa2.varlen._packed_block': ('varlen.html#_packed_block', 'triton_fa2/varlen.py'),
                                    'triton_fa2.varlen._rows_by_head': ('varlen.html#_rows_by_head', 'triton_fa2/varlen.py'),
                                    'triton_fa2.varlen._sequence': ('varlen.html#_sequence', 'triton_fa2/varlen.py'),
                                    'triton_fa2.varlen.launch': ('varlen.html#launch', 'triton_fa2/varlen.py'),
                                    'triton_fa2.varlen.launch_backward_preprocess': ( 'varlen.html#launch_backward_preprocess',
                                                                                      'triton_fa2/varlen.py'),
                                    'triton_fa2.varlen.launch_dkdv': ('varlen.html#launch_dkdv', 'triton_fa2/varlen.py'),
-                                   'triton_fa2.varlen.launch_dq': ('varlen.html#launch_dq', 'triton_fa2/varlen.py')}}}
+                                   'triton_fa2.varlen.launch_dq': ('varlen.html#launch_dq', 'triton_fa2/varlen.py'),
+                                   'triton_fa2.varlen.packed_slots': ('varlen.html#packed_slots', 'triton_fa2/varlen.py')}}}

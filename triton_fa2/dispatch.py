@@ -380,8 +380,8 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
     gluon_ok = block_table is None and _gluon_applies(q, D, views_fit, False, True, mods)
     def run(c):
         if c.kernel == "gluon":
-            return _gluon.launch_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, mods)
-        return _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, c, block_table, use_tma, mods)
+            return _gluon.launch_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal, scale, c, mods)
+        return _varlen.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, causal, scale, c, block_table, use_tma, mods)
     flags = () if mods is None else tuple(_forward._mod_flags(mods, causal).values())
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if config is not None:                              # a test's candidate: its failure is what the test is for
@@ -427,8 +427,8 @@ def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_
         if dsink is not None and mods is not None and mods.learnable_sink is not None:
             dsink.copy_(_sink_gradient(mods.learnable_sink, m, delta, head_axis=0))
         passes = (("bwd_dkdv", lambda c: _varlen.launch_dkdv(q, k, v, do, dk, dv, m, delta, cu_seqlens_q, cu_seqlens_k,
-                                                             max_seqlen_k, causal, scale, c, mods)),
-                  ("bwd_dq", lambda c: _varlen.launch_dq(q, k, v, do, dq, m, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                             causal, scale, c, mods)),
+                  ("bwd_dq", lambda c: _varlen.launch_dq(q, k, v, do, dq, m, delta, cu_seqlens_q, cu_seqlens_k,
                                                          causal, scale, c, mods)))
         picks = []
         for i, (kernel, run) in enumerate(passes):

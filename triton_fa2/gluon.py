@@ -28,7 +28,7 @@ from .candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, Candidate
 from .forward import LOG2E, _kv_key_bounds, _normalize_rows, _program_block
 from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
 from .validation import _capability
-from .varlen import _sequence
+from .varlen import _packed_block, _sequence, packed_slots
 
 # Triton 3.8 named the TMA copies async_load and async_store, and 3.9 removed the old names: one instruction either way
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -207,7 +207,7 @@ def _store_rows(O, o, row0, first_pos, seqlen, stride_om):
                               "window_left", "window_right"])
 def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H, L, D) views, tiles (1, 1, rows, D)
                     LSE,                                   # (B, Hq, Lq) float32, contiguous
-                    seqlen_q, seqlen_k, num_heads, group_size,   # with VARLEN: the longest query sequence, total_k
+                    seqlen_q, seqlen_k, num_heads, group_size,   # with VARLEN: total_q, total_k
                     qk_scale,                              # softmax scale · log2(e)
                     softcap_scale, softcap_log2,           # with SOFTCAP: scale / c and c · log2(e) (14)
                     SLOPES, stride_slopes_z, SINKS,        # with ALIBI: float32 slopes (B or 1, Hq); with SINK: float32 sinks (Hq,)
@@ -219,18 +219,22 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
                     SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False,   # 14's modifiers
                     VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False):
     dtype: gl.constexpr = q_desc.dtype
-    start_m, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_q, BLOCK_M), CAUSAL)   # as the `tl` kernels
-    off_z = off_zh // num_heads
-    off_h = off_zh % num_heads
-    off_hkv = off_h // group_size                       # GQA: query heads h·g … h·g+g−1 share KV head h
-    view_z = off_z                                      # the views' batch index, and where its sequence's rows start
     q_start = 0
     k_start = 0
-    if VARLEN:   # packed sequences (13): off_z is the sequence; its rows from its start in the (1, H, total, D) views
-        q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
-        if start_m * BLOCK_M >= seqlen_q: return        # past this sequence's end (or an empty sequence)
+    if VARLEN:   # packed sequences (13): a program per slot of the sequences' block list (`packed_slots` per head)
+        num_slots = gl.num_programs(0) // num_heads
+        off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, gl.program_id(0), num_slots, num_slots - seqlen_q // BLOCK_M,
+                                              BLOCK_M, CAUSAL)
+        q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)   # its rows from its start in the (1, H, total, D) views
+        if start_m * BLOCK_M >= seqlen_q: return        # a spare slot
         k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
         view_z = 0
+    else:
+        start_m, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_q, BLOCK_M), CAUSAL)   # as the `tl` kernels
+        off_z = off_zh // num_heads
+        off_h = off_zh % num_heads
+        view_z = off_z                                  # the views' batch index
+    off_hkv = off_h // group_size                       # GQA: query heads h·g … h·g+g−1 share KV head h
 
     # Register layouts of the two products: one warpgroup (4 warps) per 64 rows, as wgmma computes them
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
@@ -457,8 +461,8 @@ def _ws_maxnreg(consumer_regs:int) -> int:
 def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None, packed:tuple=None) -> tuple:
     """The kernel's arguments by name (and the launch's `maxnreg` for the ws kernel), and the grid's size: a program per
     (block of BLOCK_M rows, batch, query head). `mods`: a window, softcap, ALiBi and sinks (14), or None. `packed`: packed
-    sequences (13), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q), with q, k, v, o the (1, H, total, D) views of the packed
-    rows and lse (Hq, total_q): a program per (block of the longest sequence's rows, sequence, query head)."""
+    sequences (13), (cu_seqlens_q, cu_seqlens_k), with q, k, v, o the (1, H, total, D) views of the packed rows and lse
+    (Hq, total_q): a program per (slot of the sequences' block list, query head), `varlen.packed_slots` slots a head."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     if config.WARP_SPECIALIZE and config.BLOCK_M != 128:
@@ -476,19 +480,19 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
     if packed is None:
         if not config.WARP_SPECIALIZE:
             named.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_om=None, stride_oh=None, stride_lse_h=None, VARLEN=False)
-        programs = B * Hq
+        blocks, programs = triton.cdiv(Lq, config.BLOCK_M), B * Hq
     else:
         if config.WARP_SPECIALIZE: raise ValueError("packed sequences run on the one-warpgroup Gluon kernel, not the ws kernel")
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q = packed
-        named.update(seqlen_q=max_seqlen_q, CU_SEQLENS_Q=cu_seqlens_q, CU_SEQLENS_K=cu_seqlens_k, O=o, stride_om=o.stride(2),
+        cu_seqlens_q, cu_seqlens_k = packed
+        named.update(CU_SEQLENS_Q=cu_seqlens_q, CU_SEQLENS_K=cu_seqlens_k, O=o, stride_om=o.stride(2),
                      stride_oh=o.stride(1), stride_lse_h=lse.stride(0), VARLEN=True)
-        programs = (cu_seqlens_q.numel() - 1) * Hq
+        blocks, programs = packed_slots(Lq, cu_seqlens_q.numel() - 1, config.BLOCK_M), Hq   # the kernel finds the batch from it
     if config.WARP_SPECIALIZE:
         named.update(BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, PINGPONG=config.PINGPONG, CONSUMER_REGS=_WS_CONSUMER_REGS,
                      num_warps=config.num_warps, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
     else: named.update(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, Q_IN_REGS=config.Q_IN_REGS,
                        P_SMEM=config.P_SMEM, num_warps=config.num_warps)
-    return named, triton.cdiv(named["seqlen_q"], config.BLOCK_M) * programs
+    return named, blocks * programs
 
 def launch(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None):
     """Run the kernel on (B, H, L, D) views (checked by `applies`) into o and lse (B, Hq, Lq) contiguous, with softcap, ALiBi
@@ -506,14 +510,13 @@ def _packed_views(*tensors) -> list:
 
 def launch_varlen(q, k, v, o, lse,                # q, o (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q) float32
                   cu_seqlens_q, cu_seqlens_k,     # int32 (batch + 1,) on q's device
-                  max_seqlen_q:int, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None):
+                  causal:bool, scale:float, config:Candidate, mods:ScoreMods=None):
     """Run the kernel over packed sequences (13), each with its own lengths and bottom-right causal mask, into o and lse;
     their (1, H, total, D) views must suit TMA (the dispatcher checks, as `applies` for the dense call). The one-warpgroup
     kernel only (`takes`). Rows that no sequence owns are left as they were. Returns the compiled kernel, or None where
     there is nothing to run."""
-    if max_seqlen_q == 0 or cu_seqlens_q.numel() < 2 or q.shape[0] == 0: return None
-    named, grid = _arguments(*_packed_views(q, k, v, o), lse, causal, scale, config, mods,
-                             packed=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q))
+    if cu_seqlens_q.numel() < 2 or q.shape[0] == 0: return None
+    named, grid = _arguments(*_packed_views(q, k, v, o), lse, causal, scale, config, mods, packed=(cu_seqlens_q, cu_seqlens_k))
     return _attn_fwd_gluon[(grid,)](**named)
 
 # %% ../nbs/11_gluon.ipynb #6ff41aad
