@@ -140,6 +140,25 @@ def test_two_processes_writing_one_entry_at_once(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_a_change_to_any_module_moves_the_cache_to_a_new_directory(tmp_path, monkeypatch):
+    """Saved picks live under a hash of the package's source: changing any module (a kernel of packed sequences, a score
+    modifier, the launch code) names a new directory, so no pick measured on other kernels is read."""
+    import importlib.resources, pathlib, shutil
+    copy = tmp_path / "triton_fa2"
+    shutil.copytree(pathlib.Path(tuning.__file__).parent, copy)
+    monkeypatch.setattr(importlib.resources, "files", lambda package: copy)
+    tuning._source_hash.cache_clear()
+    try:
+        before = tuning._namespace("NVIDIA H200")
+        for module in ("varlen.py", "score_mods.py", "launch.py"):
+            (copy / module).write_text((copy / module).read_text() + "\n# changed\n")
+            tuning._source_hash.cache_clear()
+            after = tuning._namespace("NVIDIA H200")
+            assert after != before, module
+            before = after
+    finally: tuning._source_hash.cache_clear()
+
+
 def test_an_unwritable_cache_warns_once_and_tuning_still_serves(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")

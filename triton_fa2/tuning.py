@@ -71,15 +71,13 @@ def cache_dir() -> pathlib.Path:
     if os.environ.get("TRITON_FA2_CACHE_DIR"): return pathlib.Path(os.environ["TRITON_FA2_CACHE_DIR"]).expanduser()
     return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "triton_fa2"
 
-_KERNEL_SOURCES = ("forward", "split_kv", "backward", "gluon", "gluon_backward", "candidates")   # what a config's speed depends on
-
 @functools.lru_cache
 def _source_hash() -> str:
-    "A hash of the kernels' source and candidate tables, as installed."
+    """A hash of the package's source as installed: every module, since a config's speed depends on the kernels, the
+    functions they call, the candidate tables and the launch code, wherever they are written."""
     h = hashlib.sha256()
-    for name in _KERNEL_SOURCES:
-        path = importlib.resources.files("triton_fa2").joinpath(f"{name}.py")
-        h.update(name.encode() + (path.read_bytes() if path.is_file() else b"missing"))
+    for path in sorted(importlib.resources.files("triton_fa2").iterdir(), key=lambda p: p.name):
+        if path.name.endswith(".py"): h.update(path.name.encode() + path.read_bytes())
     return h.hexdigest()[:16]
 
 def _namespace(device_name:str) -> str:
