@@ -364,7 +364,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
     return tuple(picks)
 
 # %% ../nbs/94_dispatch.ipynb #7baaa96a
-def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool,
+def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k:int, causal:bool,
                     scale:float, config:Candidate=None, block_table=None, mods=None) -> Candidate:
     """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
     (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
@@ -405,13 +405,13 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
             if pick.kernel != "gluon": raise
             _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
             del _PICKS[key]                                 # the `tl` kernel's own pick serves from now on
-            return _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+            return _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale,
                                    block_table=block_table, mods=mods)
         _WARM.add(signature)
     return pick
 
 # %% ../nbs/94_dispatch.ipynb #a5015c0b
-def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int,
+def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k:int,
                      dq, dk, dv, causal:bool, scale:float, configs:tuple=None, mods=None, dsink=None) -> tuple:
     """Gradients of packed sequences into dq (shaped as q) and dk, dv (shaped as k, v) from do, q, k, v, o (packed),
     lse and dlse (Hq, total_q; dlse may be None). `configs`: (dK/dV candidate, dQ candidate), bypassing the choice.
