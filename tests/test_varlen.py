@@ -50,13 +50,14 @@ def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, BLOCK: tl.constexpr, LONG
                                      [2917, 100, 8000, 611, 1493, 4321, 257]])
 def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
     """The packed grid (`packed_slots` slots a head, `_packed_block`): every block of every sequence and head exactly once,
-    at most one spare slot per sequence, the slots backwards for causal, and spare rows past the last offset harmless."""
-    cu = offsets(lengths)
+    at most one spare slot per sequence, the slots backwards for causal, and spare rows before the first offset and past
+    the last harmless."""
     batch, heads = len(lengths), 3
     for block in (16, 64, 128) if sum(lengths) < 2000 else (128,):    # the interpreter runs a program at a time
         for longest_first in (False, True):
-            for spare_rows in (0, 77):                       # rows no sequence owns after the last
-                slots = packed_slots(sum(lengths) + spare_rows, batch, block)
+            for lead_rows, spare_rows in ((0, 0), (0, 77), (300, 5)):   # rows no sequence owns, before the first and after the last
+                cu = offsets(lengths) + lead_rows
+                slots = packed_slots(lead_rows + sum(lengths) + spare_rows, batch, block)
                 out = torch.full((slots * heads, 3), -7, dtype=torch.int32, device=device)
                 _schedule_probe[(slots * heads,)](cu, out, slots, batch, BLOCK=block, LONGEST_FIRST=longest_first)
                 seen, spare = [], 0
@@ -65,10 +66,36 @@ def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
                     if b * block < lengths[z]: seen.append((z, b, h))
                     else: spare += 1
                 want = [(z, b, h) for h in range(heads) for z, n in enumerate(lengths) for b in range(-(-n // block))]
-                assert sorted(seen) == sorted(want), (block, longest_first)
-                assert spare <= heads * (batch + spare_rows // block + 1), spare
+                assert sorted(seen) == sorted(want), (block, longest_first, lead_rows)
+                assert spare <= heads * (batch + (lead_rows + spare_rows) // block + 1), spare
                 head0 = [(z, b) for z, b, h in out.cpu().tolist()[:slots] if b * block < lengths[z]]
                 assert head0 == sorted(head0, reverse=longest_first), "a head's slots in order, backwards for causal"
+
+
+def test_offsets_that_start_past_row_zero_touch_no_other_row():
+    """One sequence of a packed batch alone (its two offsets, the first past 0, as a caller that slices `cu_seqlens`
+    passes them): the forward writes its rows only, equal to the whole batch's, and the backward's gradients of its rows
+    match float64."""
+    lengths = [37, 70, 1, 41]
+    cu = offsets(lengths)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, device=device, dtype=torch.float16) for _ in range(3))
+    for causal in (False, True):
+        ref, _ = reference(q, k, v, cu, cu, causal)
+        for b in (1, 3):
+            (q0, q1) = cu[b:b + 2].tolist()
+            o = torch.full_like(q, float("nan"))
+            lse = torch.full((2, sum(lengths)), float("nan"), device=device)
+            dispatch._varlen_forward(q, k, v, o, lse, cu[b:b + 2], cu[b:b + 2], q1 - q0, causal, 32 ** -0.5)
+            assert o[:q0].isnan().all() and o[q1:].isnan().all() and lse[:, :q0].isnan().all() and lse[:, q1:].isnan().all(), b
+            assert (o[q0:q1].double() - ref[q0:q1]).abs().max().item() < TOL[torch.float16], b
+            do = torch.randn_like(q)
+            grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+            dispatch._varlen_backward(do, q, k, v, o, lse, None, cu[b:b + 2], cu[b:b + 2], q1 - q0, *grads, causal, 32 ** -0.5)
+            one = [t[q0:q1].double().requires_grad_() for t in (q, k, v)]
+            out, _ = reference(*one, offsets([q1 - q0]), offsets([q1 - q0]), causal)
+            want = torch.autograd.grad(out, one, do[q0:q1].double())
+            for got, expected in zip(grads, want):
+                assert not got[q0:q1].isnan().any() and (got[q0:q1].double() - expected).abs().max().item() < 1e-2, b
 
 
 def test_a_wrong_max_seqlen_costs_no_rows():
