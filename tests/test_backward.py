@@ -301,7 +301,7 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
                                                          if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
         assert [c for c in plain if c not in windowed] == [c for c in BACKWARD_GLUON[D] if c.WARP_SPECIALIZE]
         assert any(c.kernel == "gluon_dkdv" for c in scored)           # every head dim keeps a Gluon tile
-    ws = next(c for c in BACKWARD_GLUON[64] if c.WARP_SPECIALIZE)     # the warp-specialised pass refuses every modifier but a sink
+    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass refuses every modifier but a sink
     for name in ("window", "softcap", "alibi"):
         with pytest.raises(ValueError, match="takes no window, softcap or ALiBi"):
             gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])

@@ -163,16 +163,16 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
 }
 # The dK/dV pass in Gluon on sm_90 (15), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
-# pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them. The
-# warp-specialised pass (a loading warp and two consumer warpgroups of 64 keys taking turns) comes last: it takes no
-# window, softcap or ALiBi (`backward_candidates`)
-BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2),
-                       Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True, PINGPONG=True)),
-                  128: (Candidate("gluon_dkdv", 64, 128, 8, 2), Candidate("gluon_dkdv", 32, 64, 4, 2),
-                        Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True, PINGPONG=True))}
+# pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them. At D 128
+# the warp-specialised pass (a loading warp, two consumer warpgroups of 64 keys) is faster still (1.10–1.17× the 64×128
+# tile, `lab/data/backward_gluon_dkdv_ws_h200.log`; at D 64 it is slower) but takes no window, softcap or ALiBi
+# (`backward_candidates`)
+BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
+                  128: (Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dkdv", 64, 128, 8, 2),
+                        Candidate("gluon_dkdv", 32, 64, 4, 2))}
 # The Gluon dK/dV candidates that softcap or ALiBi (14) push into heavy spills on sm_90 (`tools/compile_sm90.py`: 104–120 B
 # per thread on causal with either, 232–280 B with both, Triton 3.6 and 3.9): backwards with those take the others
-BACKWARD_GLUON_SCORE_SPILLS = frozenset({(BACKWARD_GLUON[128][0], 128)})
+BACKWARD_GLUON_SCORE_SPILLS = frozenset({(BACKWARD_GLUON[128][1], 128)})
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
@@ -184,7 +184,8 @@ VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (C
 BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, d in (
     ("bwd_dkdv", (32, 128, 4, 3), 64), ("bwd_dkdv", (32, 64, 4, 3), 128), ("bwd_dkdv", (64, 128, 8, 2), 128),
     ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))}) | {
-    (BACKWARD_GLUON[128][0], 128)}   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
+    (BACKWARD_GLUON[128][1], 128),   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
+    (BACKWARD_GLUON[128][0], 128)}   # the warp-specialised pass: 24 B on causal with Triton 3.6, yet 1.10–1.17× that tile
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`

@@ -19,7 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from .backward import _backward_mod_flags, _dkdv_row_runs, _q_row_bounds
 from .candidates import BACKWARD_GLUON, Candidate
 from .forward import LOG2E, _program_block
-from .gluon import _WS_CONSUMER_REGS, _descriptor, _give_turn, _take_turn, _tma_load, _ws_maxnreg, usable as _gluon_usable
+from .gluon import _WS_CONSUMER_REGS, _descriptor, _tma_load, _ws_maxnreg, usable as _gluon_usable
 from .score_mods import ScoreMods, _mod_args, _score_mod, _softcap_slope, _visible
 
 # %% ../nbs/15_gluon_backward.ipynb #1d206fc8
@@ -230,7 +230,7 @@ def _dkdv_ws_producer(descs, smem, bars, where):
     "The loading warp: each consumer's K and V once, then every step's Q and dO into the ring once both consumers released the slot."
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_smem, do_smem = smem
-    kv_bars, ready, empty, turn_bars = bars
+    kv_bars, ready, empty = bars
     off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0 = where
     stages: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -247,12 +247,12 @@ def _dkdv_ws_producer(descs, smem, bars, where):
 @gluon.jit
 def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                       stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                      CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    """Consumer warpgroup `me`: keys first_key + 64·me …, every step's rows; in its turns Sᵀ and dPᵀ (started from −M / scale
-    and −Δ), then dV and dK; P and dS between the two, under the other consumer's products."""
+                      CAUSAL: gl.constexpr):
+    """Consumer warpgroup `me`: keys first_key + 64·me …, every step's rows: Sᵀ and dPᵀ (started from −M / scale and −Δ),
+    P and dS, then dV and dK."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_smem, do_smem = smem
-    kv_bars, ready, empty, turn_bars = bars
+    kv_bars, ready, empty = bars
     off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0 = where
     dtype: gl.constexpr = q_desc.dtype
     stages: gl.constexpr = q_smem.shape[0]
@@ -281,16 +281,12 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
         mbarrier.wait(ready.index(slot), (t // stages) & 1)
         q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        _take_turn(turn_bars, me, 2 * t, PINGPONG=PINGPONG)
         s_tok = warpgroup_mma(k, q.permute((1, 0)), s_start, is_async=True)        # Sᵀ − M / scale = K Qᵀ − M / scale
         dp_tok = warpgroup_mma(v, do.permute((1, 0)), dp_start, is_async=True)     # dPᵀ − Δ
-        _give_turn(turn_bars, me, PINGPONG=PINGPONG)
         s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         p16, ds16 = _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL)
-        _take_turn(turn_bars, me, 2 * t + 1, PINGPONG=PINGPONG)
         dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)        # dV += Pᵀ dO
         dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)        # dK += dSᵀ Q
-        _give_turn(turn_bars, me, PINGPONG=PINGPONG)
         dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
         mbarrier.arrive(empty.index(slot), count=1)
     dk = dk * scale
@@ -307,7 +303,7 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
                       stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                       num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                       HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """`_attn_bwd_dkdv_gluon`'s program (128 keys of a batch and KV head, its group's query heads summed, the same row
     bounds) as a loading warp and two consumer warpgroups of 64 keys."""
     dtype: gl.constexpr = q_desc.dtype
@@ -329,26 +325,24 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
     kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(kv_bars.index(i), count=1)
-        mbarrier.init(turn_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)             # both consumers release a slot
 
     descs = (q_desc, k_desc, v_desc, do_desc)
     smem = (k_smem, v_smem, q_smem, do_smem)
-    bars = (kv_bars, ready, empty, turn_bars)
+    bars = (kv_bars, ready, empty)
     where = (off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0)
     gl.warp_specialize([(_dkdv_ws_consumer, (0, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             CAUSAL, PINGPONG)),
+                                             CAUSAL)),
                         (_dkdv_ws_consumer, (1, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             CAUSAL, PINGPONG)),
+                                             CAUSAL)),
                         (_dkdv_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
@@ -390,7 +384,7 @@ def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, 
                  stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
                  stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
-                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, STAGES=c.num_stages, PINGPONG=c.PINGPONG,
+                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, STAGES=c.num_stages,
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
     return named, triton.cdiv(Lk, 128) * B * Hkv
 
