@@ -295,9 +295,18 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
     monkeypatch.setattr(candidates_module, "interpreting", lambda: False)
     for D in BACKWARD_GLUON:
         plain = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)
-        scored = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True)
-        assert [c for c in plain if c not in scored] == [c for c in BACKWARD_GLUON[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
+        scored = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, modified=True)
+        windowed = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, modified=True)
+        assert [c for c in plain if c not in scored] == [c for c in BACKWARD_GLUON[D]
+                                                         if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
+        assert [c for c in plain if c not in windowed] == [c for c in BACKWARD_GLUON[D] if c.WARP_SPECIALIZE]
         assert any(c.kernel == "gluon_dkdv" for c in scored)           # every head dim keeps a Gluon tile
+    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass refuses every modifier but a sink
+    for name in ("window", "softcap", "alibi"):
+        with pytest.raises(ValueError, match="takes no window, softcap or ALiBi"):
+            gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])
+    named, grid = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, True, 0.125, ws, every["sink"])
+    assert grid == 1 and named["group_size"] == 2 and named["maxnreg"] == gluon_bwd._ws_maxnreg(named["CONSUMER_REGS"])
 
 
 def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
@@ -333,7 +342,7 @@ def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
         refs = grads_ref(q, k, v, do, causal, mods)[:3]
         scored = "softcap" in variant or "alibi" in variant
         for c in BACKWARD_GLUON[D]:
-            if scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
+            if (scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS) or c.WARP_SPECIALIZE: continue   # plain only: `test_gpu_gluon_dkdv`
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(c, dq_pass), mods=mods)
             check_grads(grads, refs, dtype)

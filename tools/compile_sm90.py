@@ -145,9 +145,9 @@ def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dty
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
-    named, _ = gluon_bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config,
-                                               mods)
-    return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_gluon, **named)
+    arguments = gluon_bwd._dkdv_ws_arguments if config.WARP_SPECIALIZE else gluon_bwd._dkdv_gluon_arguments
+    named, _ = arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config, mods)
+    return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_ws if config.WARP_SPECIALIZE else gluon_bwd._attn_bwd_dkdv_gluon, **named)
 
 
 def compile_gluon_varlen(config, lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, mods=None):
@@ -204,6 +204,7 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
+            if c.WARP_SPECIALIZE: continue                                # takes no window, softcap or ALiBi
             jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
             if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
                 jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dkdv", D, c, "every modifier")))

@@ -345,7 +345,8 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             pick = _PICKS.get(key)
             if pick is None or (pick.kernel == "gluon_dkdv" and not gluon) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
-                pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods), run, rule)
+                pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods,
+                                                                modified=any(flags)), run, rule)
             try: launched[i] = run(pick)
             except Exception as e:
                 if pick.kernel != "gluon_dkdv": raise

@@ -19,7 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from .backward import _backward_mod_flags, _dkdv_row_runs, _q_row_bounds
 from .candidates import BACKWARD_GLUON, Candidate
 from .forward import LOG2E, _program_block
-from .gluon import _descriptor, _tma_load, usable as _gluon_usable
+from .gluon import _WS_CONSUMER_REGS, _descriptor, _tma_load, _ws_maxnreg, usable as _gluon_usable
 from .score_mods import ScoreMods, _mod_args, _score_mod, _softcap_slope, _visible
 
 # %% ../nbs/15_gluon_backward.ipynb #1d206fc8
@@ -214,6 +214,138 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
+# %% ../nbs/15_gluon_backward.ipynb #8ad0233c
+@gluon.jit
+def _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    "`_p_ds` where the accumulators started from M and Δ: s = Sᵀ − M / qk_scale, dp = dPᵀ − Δ."
+    p = gl.exp2(s * qk_scale)
+    if CAUSAL:
+        if start_m < full_lo:
+            p = gl.where(offs_n[:, None] <= (start_m + offs_m)[None, :] + offset, p, 0.0)
+    return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout((p * dp).to(dtype), a_layout)
+
+@gluon.jit
+def _dkdv_ws_producer(descs, smem, bars, where):
+    "The loading warp: each consumer's K and V once, then every step's Q and dO into the ring once both consumers released the slot."
+    q_desc, k_desc, v_desc, do_desc = descs
+    k_smem, v_smem, q_smem, do_smem = smem
+    kv_bars, ready, empty = bars
+    off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0 = where
+    stages: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    KEYS: gl.constexpr = k_smem.shape[3]
+    for c in gl.static_range(2):
+        mbarrier.expect(kv_bars.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [off_z, off_hkv, first_key + c * KEYS, 0], kv_bars.index(c), k_smem.index(c))
+        _tma_load(v_desc, [off_z, off_hkv, first_key + c * KEYS, 0], kv_bars.index(c), v_smem.index(c))
+    for t in range(n_steps):
+        h, row = _step_rows(t, per_head, lo, head0, BLOCK_M=BLOCK_M)
+        mbarrier.wait(empty.index(t % stages), ((t // stages) & 1) ^ 1)    # a fresh barrier counts as its phase 1 done
+        _issue_rows(q_desc, do_desc, off_z, h, row, ready, q_smem, do_smem, t, True)
+
+@gluon.jit
+def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
+                      stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
+                      CAUSAL: gl.constexpr):
+    """Consumer warpgroup `me`: keys first_key + 64·me …, every step's rows: Sᵀ and dPᵀ (started from −M / scale and −Δ),
+    P and dS, then dV and dK."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    k_smem, v_smem, q_smem, do_smem = smem
+    kv_bars, ready, empty = bars
+    off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0 = where
+    dtype: gl.constexpr = q_desc.dtype
+    stages: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.shape[4]
+    KEYS: gl.constexpr = k_smem.shape[3]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    keys0 = first_key + me * KEYS
+    offs_n = keys0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    offset = seqlen_k - seqlen_q
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    mbarrier.wait(kv_bars.index(me), 0)
+    k = k_smem.index(me).reshape([KEYS, HEAD_DIM])
+    v = v_smem.index(me).reshape([KEYS, HEAD_DIM])
+    for t in range(n_steps):
+        slot = t % stages
+        h, start_m = _step_rows(t, per_head, lo, head0, BLOCK_M=BLOCK_M)
+        m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
+        s_start = s_zero - (m * (1.0 / qk_scale))[None, :]
+        dp_start = s_zero - delta[None, :]
+        mbarrier.wait(ready.index(slot), (t // stages) & 1)
+        q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        s_tok = warpgroup_mma(k, q.permute((1, 0)), s_start, is_async=True)        # Sᵀ − M / scale = K Qᵀ − M / scale
+        dp_tok = warpgroup_mma(v, do.permute((1, 0)), dp_start, is_async=True)     # dPᵀ − Δ
+        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        p16, ds16 = _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL)
+        dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)        # dV += Pᵀ dO
+        dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)        # dK += dSᵀ Q
+        dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
+        mbarrier.arrive(empty.index(slot), count=1)
+    dk = dk * scale
+    keys = keys0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    key_ok = keys[:, None] < seqlen_k
+    key_rows = keys[:, None].to(gl.int64)
+    gl.store(DK + off_z.to(gl.int64) * stride_dkz + off_hkv * stride_dkh + key_rows * stride_dkn + cols[None, :], dk.to(dtype), mask=key_ok)
+    gl.store(DV + off_z.to(gl.int64) * stride_dvz + off_hkv * stride_dvh + key_rows * stride_dvn + cols[None, :], dv.to(dtype), mask=key_ok)
+
+@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
+def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of BLOCK_M rows, K, V of 64
+                      DK, DV, M, DELTA,                   # dk, dv (B, Hkv, Lk, D) any strides; m, delta (B, Hq, Lq)
+                      stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
+                      num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
+                      HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """`_attn_bwd_dkdv_gluon`'s program (128 keys of a batch and KV head, its group's query heads summed, the same row
+    bounds) as a loading warp and two consumer warpgroups of 64 keys."""
+    dtype: gl.constexpr = q_desc.dtype
+    KEYS: gl.constexpr = k_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = 2 * KEYS
+    start_n, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_k, BLOCK_N), False)   # as the `tl` pass
+    num_heads_kv = num_heads_q // group_size
+    off_z = off_zh // num_heads_kv
+    off_hkv = off_zh % num_heads_kv
+    first_key = start_n * BLOCK_N
+    lo, full_lo = _q_row_bounds(first_key, gl.minimum(first_key + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+    end = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+    per_head = gl.maximum((end - lo) // BLOCK_M, 1)
+    n_steps = gl.where(end > lo, per_head * group_size, 0)
+    head0 = off_hkv * group_size
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)             # both consumers release a slot
+
+    descs = (q_desc, k_desc, v_desc, do_desc)
+    smem = (k_smem, v_smem, q_smem, do_smem)
+    bars = (kv_bars, ready, empty)
+    where = (off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0)
+    gl.warp_specialize([(_dkdv_ws_consumer, (0, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
+                                             stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
+                                             CAUSAL)),
+                        (_dkdv_ws_consumer, (1, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
+                                             stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
+                                             CAUSAL)),
+                        (_dkdv_ws_producer, (descs, smem, bars, where))],
+                       [4, 1], [CONSUMER_REGS, 24])
+
 # %% ../nbs/15_gluon_backward.ipynb #fc66fd9b
 def gluon_dkdv_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
     """Whether `_attn_bwd_dkdv_gluon` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), Q and dO
@@ -238,12 +370,35 @@ def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:floa
                  num_warps=c.num_warps, **flags)
     return named, triton.cdiv(Lk, c.BLOCK_N) * B * Hkv
 
+def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
+    "`_attn_bwd_dkdv_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 keys."
+    if any(_backward_mod_flags(mods, causal).values()):
+        raise ValueError(f"{candidate.label} takes no window, softcap or ALiBi: `_attn_bwd_dkdv_gluon` does")
+    if candidate.BLOCK_N != 128 or candidate.num_warps != 4:
+        raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 keys (BLOCK_N 128, 4 warps each)")
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    c = candidate
+    named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, 64), v_desc=_descriptor(v, 64),
+                 do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
+                 stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
+                 stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
+                 num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
+                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, STAGES=c.num_stages,
+                 CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
+    return named, triton.cdiv(Lk, 128) * B * Hkv
+
 _DKDV_GLUON_ARGS = list(inspect.signature(_attn_bwd_dkdv_gluon.fn).parameters)
+_DKDV_WS_ARGS = list(inspect.signature(_attn_bwd_dkdv_ws.fn).parameters)
 _DKDV_GLUON_PER_CALL = ("q_desc", "k_desc", "v_desc", "do_desc", "DK", "DV", "M", "DELTA", "scale", "qk_scale")   # as the `tl` pass's
 
 def launch_dkdv(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, use_tma:bool=True, mods=None) -> tuple:
     """Launch `_attn_bwd_dkdv_gluon` once (where `gluon_dkdv_applies`), called with `backward.launch_dkdv`'s arguments so
     that the dispatcher runs either the same way; returns what that returns, from which a saved launch is built ([95](95_launch.ipynb))."""
+    if candidate.WARP_SPECIALIZE:
+        named, grid = _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate, mods)
+        compiled = _attn_bwd_dkdv_ws[(grid,)](**named) if grid else None
+        return compiled, grid, [named[n] for n in _DKDV_WS_ARGS], _DKDV_WS_ARGS, _DKDV_GLUON_PER_CALL
     if candidate.num_warps != 4 * candidate.BLOCK_N // 64:
         raise ValueError(f"{candidate.label}: the Gluon dK/dV pass runs a warpgroup (4 warps) per 64 keys")
     named, grid = _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate, mods)
