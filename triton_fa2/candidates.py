@@ -185,7 +185,7 @@ BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, 
     ("bwd_dkdv", (32, 128, 4, 3), 64), ("bwd_dkdv", (32, 64, 4, 3), 128), ("bwd_dkdv", (64, 128, 8, 2), 128),
     ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))}) | {
     (BACKWARD_GLUON[128][1], 128),   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
-    (BACKWARD_GLUON[128][0], 128)}   # the warp-specialised pass: 24 B on causal with Triton 3.6, yet 1.10–1.17× that tile
+    (BACKWARD_GLUON[128][0], 128)}   # the warp-specialised pass: 24 B on causal with Triton 3.6–3.8, yet 1.10–1.17× that tile
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
