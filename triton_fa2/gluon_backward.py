@@ -81,6 +81,20 @@ def _p_ds(s, dp, m, delta, rows, offs_n, offset, full_lo, start_m, qk_scale, dty
         ds = ds * _softcap_slope(s, score[0])                      # the chain rule through c·tanh(S·scale / c)
     return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout(ds.to(dtype), a_layout)
 
+@gluon.jit
+def _store_dkdv(dk, dv, first_key, DK, DV, off_z, off_hkv, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh,
+                stride_dvn, seqlen_k, scale):
+    "dK and dV of the keys from `first_key` on into their rows, keys past Lk left out; dK takes the scale here, once (S = scale · QKᵀ)."
+    layout: gl.constexpr = dk.type.layout
+    dtype: gl.constexpr = DK.dtype.element_ty
+    dk = dk * scale
+    keys = first_key + gl.arange(0, dk.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, layout))
+    key_ok = keys[:, None] < seqlen_k
+    key_rows = keys[:, None].to(gl.int64)
+    gl.store(DK + off_z.to(gl.int64) * stride_dkz + off_hkv * stride_dkh + key_rows * stride_dkn + cols[None, :], dk.to(dtype), mask=key_ok)
+    gl.store(DV + off_z.to(gl.int64) * stride_dvz + off_hkv * stride_dvh + key_rows * stride_dvn + cols[None, :], dv.to(dtype), mask=key_ok)
+
 @gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "window_left", "window_right", "stride_slopes_z"])
 def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of BLOCK_M rows, K, V of BLOCK_N
                          DK, DV, M, DELTA,                   # dk, dv (B, Hkv, Lk, D) any strides; m, delta (B, Hq, Lq)
@@ -203,13 +217,8 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
             h, row = _step_rows(t + STAGES, per_head, lo, head0, BLOCK_M=BLOCK_M)
             _issue_rows(q_desc, do_desc, off_z, h, row, bars, q_smem, do_smem, t + STAGES, t + STAGES < n_steps)
 
-    dk = dk * scale                                            # S = scale · QKᵀ: the scale once, here
-    keys = first_key + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    key_ok = keys[:, None] < seqlen_k
-    key_rows = keys[:, None].to(gl.int64)
-    gl.store(DK + off_z.to(gl.int64) * stride_dkz + off_hkv * stride_dkh + key_rows * stride_dkn + cols[None, :], dk.to(dtype), mask=key_ok)
-    gl.store(DV + off_z.to(gl.int64) * stride_dvz + off_hkv * stride_dvh + key_rows * stride_dvn + cols[None, :], dv.to(dtype), mask=key_ok)
+    _store_dkdv(dk, dv, first_key, DK, DV, off_z, off_hkv, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
+                seqlen_k, scale)
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
@@ -289,13 +298,8 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
         dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)        # dK += dSᵀ Q
         dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
         mbarrier.arrive(empty.index(slot), count=1)
-    dk = dk * scale
-    keys = keys0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    key_ok = keys[:, None] < seqlen_k
-    key_rows = keys[:, None].to(gl.int64)
-    gl.store(DK + off_z.to(gl.int64) * stride_dkz + off_hkv * stride_dkh + key_rows * stride_dkn + cols[None, :], dk.to(dtype), mask=key_ok)
-    gl.store(DV + off_z.to(gl.int64) * stride_dvz + off_hkv * stride_dvh + key_rows * stride_dvn + cols[None, :], dv.to(dtype), mask=key_ok)
+    _store_dkdv(dk, dv, keys0, DK, DV, off_z, off_hkv, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
+                seqlen_k, scale)
 
 @gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
 def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of BLOCK_M rows, K, V of 64
