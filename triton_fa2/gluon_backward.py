@@ -1,4 +1,4 @@
-"""The dK/dV pass of [12](12_backward.ipynb) again, for Hopper, in Gluon: K and V as wgmma's shared-memory A operands, Pᵀ and dSᵀ handed to the next products in registers, a warpgroup per 64 keys; the same bounds, the same bits on every run, faster than every `tl` tile of the pass.
+"""The dK/dV pass of [12](12_backward.ipynb) again, for Hopper, in Gluon: K and V as wgmma's shared-memory A operands, Pᵀ and dSᵀ handed to the next products in registers, a warpgroup per 64 keys; then, at D = 128, a loading warp and two consumer warpgroups; the same bounds, the same bits on every run, faster than every `tl` tile of the pass.
 
 Docs: https://triton-fa2.github.io/triton_fa2/gluon_backward.html.md"""
 
@@ -223,6 +223,46 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
+# %% ../nbs/15_gluon_backward.ipynb #fc66fd9b
+def gluon_dkdv_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
+    """Whether `_attn_bwd_dkdv_gluon` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), Q and dO
+    through descriptors, D 64 or 128. Every score modifier of 14 it takes (a sink changes only the LSE it reads)."""
+    return use_tma and head_dim in BACKWARD_GLUON and _gluon_usable(q)
+
+def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
+    "`_attn_bwd_dkdv_gluon`'s arguments by name, and its grid's size: a program per (K/V block, batch, KV head); `mods`: 14's."
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    c = candidate
+    flags = _backward_mod_flags(mods, causal)
+    window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z, _ = _mod_args(mods, causal, scale, Lq, Lk, q.device)
+    named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, c.BLOCK_N), v_desc=_descriptor(v, c.BLOCK_N),
+                 do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
+                 stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
+                 stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
+                 num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
+                 window_left=window_left, window_right=window_right, softcap_scale=softcap_scale, softcap_log2=softcap_log2,
+                 SLOPES=slopes, stride_slopes_z=stride_slopes_z,
+                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages, OVERLAP=c.OVERLAP,
+                 num_warps=c.num_warps, **flags)
+    return named, triton.cdiv(Lk, c.BLOCK_N) * B * Hkv
+
+_DKDV_GLUON_ARGS = list(inspect.signature(_attn_bwd_dkdv_gluon.fn).parameters)
+_DKDV_GLUON_PER_CALL = ("q_desc", "k_desc", "v_desc", "do_desc", "DK", "DV", "M", "DELTA", "scale", "qk_scale")   # as the `tl` pass's
+
+def launch_dkdv(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, use_tma:bool=True, mods=None) -> tuple:
+    """Launch `_attn_bwd_dkdv_gluon` once (where `gluon_dkdv_applies`), called with `backward.launch_dkdv`'s arguments so
+    that the dispatcher runs either the same way; returns what that returns, from which a saved launch is built ([95](95_launch.ipynb))."""
+    if candidate.WARP_SPECIALIZE:
+        named, grid = _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate, mods)
+        compiled = _attn_bwd_dkdv_ws[(grid,)](**named) if grid else None
+        return compiled, grid, [named[n] for n in _DKDV_WS_ARGS], _DKDV_WS_ARGS, _DKDV_GLUON_PER_CALL
+    if candidate.num_warps != 4 * candidate.BLOCK_N // 64:
+        raise ValueError(f"{candidate.label}: the Gluon dK/dV pass runs a warpgroup (4 warps) per 64 keys")
+    named, grid = _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate, mods)
+    compiled = _attn_bwd_dkdv_gluon[(grid,)](**named) if grid else None
+    return compiled, grid, [named[n] for n in _DKDV_GLUON_ARGS], _DKDV_GLUON_ARGS, _DKDV_GLUON_PER_CALL
+
 # %% ../nbs/15_gluon_backward.ipynb #8ad0233c
 @gluon.jit
 def _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr,
@@ -350,30 +390,7 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
                         (_dkdv_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
-# %% ../nbs/15_gluon_backward.ipynb #fc66fd9b
-def gluon_dkdv_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
-    """Whether `_attn_bwd_dkdv_gluon` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), Q and dO
-    through descriptors, D 64 or 128. Every score modifier of 14 it takes (a sink changes only the LSE it reads)."""
-    return use_tma and head_dim in BACKWARD_GLUON and _gluon_usable(q)
-
-def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
-    "`_attn_bwd_dkdv_gluon`'s arguments by name, and its grid's size: a program per (K/V block, batch, KV head); `mods`: 14's."
-    B, Hq, Lq, D = q.shape
-    Hkv, Lk = k.shape[1], k.shape[2]
-    c = candidate
-    flags = _backward_mod_flags(mods, causal)
-    window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z, _ = _mod_args(mods, causal, scale, Lq, Lk, q.device)
-    named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, c.BLOCK_N), v_desc=_descriptor(v, c.BLOCK_N),
-                 do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
-                 stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
-                 stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
-                 num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
-                 window_left=window_left, window_right=window_right, softcap_scale=softcap_scale, softcap_log2=softcap_log2,
-                 SLOPES=slopes, stride_slopes_z=stride_slopes_z,
-                 HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages, OVERLAP=c.OVERLAP,
-                 num_warps=c.num_warps, **flags)
-    return named, triton.cdiv(Lk, c.BLOCK_N) * B * Hkv
-
+# %% ../nbs/15_gluon_backward.ipynb #9042c70e
 def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
     "`_attn_bwd_dkdv_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 keys."
     if any(_backward_mod_flags(mods, causal).values()):
@@ -392,19 +409,4 @@ def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, 
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
     return named, triton.cdiv(Lk, 128) * B * Hkv
 
-_DKDV_GLUON_ARGS = list(inspect.signature(_attn_bwd_dkdv_gluon.fn).parameters)
 _DKDV_WS_ARGS = list(inspect.signature(_attn_bwd_dkdv_ws.fn).parameters)
-_DKDV_GLUON_PER_CALL = ("q_desc", "k_desc", "v_desc", "do_desc", "DK", "DV", "M", "DELTA", "scale", "qk_scale")   # as the `tl` pass's
-
-def launch_dkdv(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, use_tma:bool=True, mods=None) -> tuple:
-    """Launch `_attn_bwd_dkdv_gluon` once (where `gluon_dkdv_applies`), called with `backward.launch_dkdv`'s arguments so
-    that the dispatcher runs either the same way; returns what that returns, from which a saved launch is built ([95](95_launch.ipynb))."""
-    if candidate.WARP_SPECIALIZE:
-        named, grid = _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate, mods)
-        compiled = _attn_bwd_dkdv_ws[(grid,)](**named) if grid else None
-        return compiled, grid, [named[n] for n in _DKDV_WS_ARGS], _DKDV_WS_ARGS, _DKDV_GLUON_PER_CALL
-    if candidate.num_warps != 4 * candidate.BLOCK_N // 64:
-        raise ValueError(f"{candidate.label}: the Gluon dK/dV pass runs a warpgroup (4 warps) per 64 keys")
-    named, grid = _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal, scale, candidate, mods)
-    compiled = _attn_bwd_dkdv_gluon[(grid,)](**named) if grid else None
-    return compiled, grid, [named[n] for n in _DKDV_GLUON_ARGS], _DKDV_GLUON_ARGS, _DKDV_GLUON_PER_CALL
