@@ -42,7 +42,7 @@ class Candidate:
         tiles = f"{self.BLOCK_M}x{self.BLOCK_N}"
         if self.kernel == "tl": return f"{tiles} w{self.num_warps} s{self.num_stages}"
         if self.kernel.startswith("bwd"): return f"{self.kernel[4:]} {tiles} w{self.num_warps} s{self.num_stages}"
-        if self.kernel == "gluon_dkdv" and self.WARP_SPECIALIZE: return f"gluon dkdv ws {tiles} s{self.num_stages}" + (" pingpong" if self.PINGPONG else "")
+        if self.kernel == "gluon_dkdv" and self.WARP_SPECIALIZE: return f"gluon dkdv ws {tiles} s{self.num_stages}"
         if self.kernel == "gluon_dkdv": return f"gluon dkdv {tiles} w{self.num_warps} s{self.num_stages}" + (" overlap" if self.OVERLAP else "")
         if self.WARP_SPECIALIZE: return f"gluon ws {tiles} s{self.num_stages}" + (" pingpong" if self.PINGPONG else "")
         return f"gluon {tiles} w{self.num_warps} s{self.num_stages}" + (" qreg" if self.Q_IN_REGS else "") + (" psmem" if self.P_SMEM else "")
