@@ -93,6 +93,20 @@ def _entry_path(directory:pathlib.Path, key:tuple, device_name:str) -> pathlib.P
 # %% ../nbs/98_tuning.ipynb #d1c68f52
 _WRITE_FAILED = []   # the first failure to write the cache, said once
 
+def _write_atomically(path:pathlib.Path, text:str):
+    "Write `text` to `path` through a temporary file and a rename: a concurrent reader sees the old file or the new one, never half."
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem + ".", suffix=".tmp", delete=False) as f:
+            tmp = f.name
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError): os.unlink(tmp)
+        raise
+
 def load_pick(key:tuple,          # the dispatcher's tuning key, without the device index
               device_name:str,    # the GPU model, e.g. 'NVIDIA H200'
              ) -> str:            # the saved candidate's label, or None
@@ -123,17 +137,10 @@ def save_pick(key:tuple,           # the dispatcher's tuning key, without the de
     path = _entry_path(directory, key, device_name)
     entry = dict(key=list(key), config=label, gpu=device_name, triton=triton.__version__, source=_source_hash(),
                  timings_ms=timings_ms or {}, written=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem + ".", suffix=".tmp", delete=False) as f:
-            tmp = f.name
-            json.dump(entry, f, indent=1)
-        os.replace(tmp, path)
+        _write_atomically(path, json.dumps(entry, indent=1))
         return path
     except OSError as e:
-        if tmp is not None:
-            with contextlib.suppress(OSError): os.unlink(tmp)
         if not _WRITE_FAILED:
             _WRITE_FAILED.append(e)
             warnings.warn(f"triton_fa2: cannot write the tuning cache in {directory} ({type(e).__name__}: {e}); tuned picks "
