@@ -57,6 +57,11 @@ def _triton_fingerprint() -> str:
         h.update(f"{f.relative_to(root)} {s.st_size} {s.st_mtime_ns} {s.st_ino}\n".encode())
     return h.hexdigest()
 
+def _triton_key_path(directory:pathlib.Path) -> pathlib.Path:
+    "Where the hash of the Triton installed at this path is kept: each virtual environment sharing the directory has its own."
+    where = hashlib.sha256(str(pathlib.Path(triton.__file__).parent.resolve()).encode()).hexdigest()[:16]
+    return directory / f"triton_key_{where}.json"
+
 def remembered_triton_key() -> str:
     """Triton's `triton_key`: read from the tuning cache's directory where Triton's files are those it was saved with,
     and then answered by Triton's own function for the rest of the process; else computed by Triton and saved. None
@@ -68,7 +73,7 @@ def remembered_triton_key() -> str:
     try: fingerprint = _triton_fingerprint() if directory is not None else None
     except OSError: fingerprint = None
     if fingerprint is None: return key()
-    path = directory / "triton_key.json"
+    path = _triton_key_path(directory)
     try:
         entry = json.loads(path.read_text())
         saved = entry["key"] if entry["fingerprint"] == fingerprint else None
