@@ -68,11 +68,11 @@ def remembered_triton_key() -> str:
     where this Triton has no such function; computed, not saved, where the cache is off or cannot be written."""
     module = getattr(triton.runtime, "cache", None)
     key = getattr(module, "triton_key", None)
-    directory = cache_dir()
     if key is None: return None
-    try: fingerprint = _triton_fingerprint() if directory is not None else None
-    except OSError: fingerprint = None
-    if fingerprint is None: return key()
+    directory = cache_dir()
+    if directory is None: return key()
+    try: fingerprint = _triton_fingerprint()
+    except OSError: return key()                       # a file gone while it was read: hash as Triton does
     path = _triton_key_path(directory)
     try:
         entry = json.loads(path.read_text())
