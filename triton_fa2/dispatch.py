@@ -21,7 +21,7 @@ import triton
 from . import backward as _backward, forward as _forward, split_kv as _split_kv, varlen as _varlen
 from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import (_TRITON_KEY, _BackwardLaunch, _DecodeLaunch, _Launch, _backward_plan_key, _decode_plan_key,
-                               _keep_plan, _plan_key, bind_context, fast_launch_possible)
+                               _keep_plan, _plan_key, bind_context, fast_launch_possible, quick_launcher_builds)
 from .score_mods import _sink_gradient
 from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
 from .validation import _capability
@@ -161,11 +161,16 @@ def _signature(*args) -> tuple:
 def _serialised(signature:tuple):
     """The lock for a call that may compile or choose (its signature not launched before, or tuning asked for) or runs
     in the interpreter, whose state is global; for a warm call, nothing. A cold call first waits for Triton's installation
-    hash started at import (`launch._TRITON_KEY`): Triton would otherwise compute it a second time, in parallel."""
+    hash started at import (`launch._TRITON_KEY`): Triton would otherwise compute it a second time, in parallel. While
+    the lock is held, the launchers Triton builds are compiled quickly (`launch.quick_launcher_builds`)."""
     if interpreting() or signature not in _WARM or tuning_requested():
         if _TRITON_KEY is not None: _TRITON_KEY.join()
-        return _FIRST_LAUNCH
+        return _cold_call()
     return contextlib.nullcontext()
+
+@contextlib.contextmanager
+def _cold_call():
+    with _FIRST_LAUNCH, quick_launcher_builds(): yield
 
 def _forget_launches():
     "After a pick changed: no saved launch, and no signature known to be compiled, may name the old one."
