@@ -15,6 +15,7 @@ from triton_fa2.gluon import _WS_CONSUMER_REGS, _descriptor, _tma_load, _ws_maxn
 from triton_fa2.gluon_backward import _issue_rows
 
 VARIANTS = [dict(BLOCK_N=64, STAGES=2), dict(BLOCK_N=64, STAGES=3), dict(BLOCK_N=128, STAGES=2)]
+PRE_VARIANT = dict(BLOCK_N=64, STAGES=2)   # the one also run with its rows' M and Δ computed in its prologue
 
 
 @gluon.jit
@@ -38,7 +39,8 @@ def _dq_ws_producer(descs, smem, bars, where):
 
 @gluon.jit
 def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, CAUSAL: gl.constexpr):
+                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, CAUSAL: gl.constexpr,
+                    PREPROCESS: gl.constexpr, HAS_DLSE: gl.constexpr):
     "Consumer warpgroup `me`: rows first_row + 64·me …, over the keys they see; the ring's later steps only released."
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_smem, v_smem = smem
@@ -56,14 +58,33 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
     rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     at = (off_z * num_heads_q + off_h).to(gl.int64) * seqlen_q
-    m = gl.load(M + at + rows, mask=rows < seqlen_q, other=float("inf"))   # rows past Lq: P = 0
-    delta = gl.load(DELTA + at + rows, mask=rows < seqlen_q, other=0.0)
+    if PREPROCESS:                                             # the rows' Δ and M from O, dO and the LSE, stored for dK/dV
+        O, LSE, DLSE, stride_oz, stride_oh, stride_om = pre
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rows_b = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, blk))
+        offs_db = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blk))
+        row_ok = rows_b < seqlen_q
+        o = gl.load(O + off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh + rows_b[:, None].to(gl.int64) * stride_om
+                    + offs_db[None, :], mask=row_ok[:, None], other=0.0)
+        mbarrier.wait(q_bars.index(me), 0)
+        do_b = do_smem.index(me).reshape([ROWS, HEAD_DIM]).load(blk)
+        delta_b = gl.sum(o.to(gl.float32) * do_b.to(gl.float32), axis=1)
+        if HAS_DLSE: delta_b -= gl.load(DLSE + at + rows_b, mask=row_ok, other=0.0)
+        lse = gl.load(LSE + at + rows_b, mask=row_ok, other=float("-inf"))
+        m_b = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        gl.store(DELTA + at + rows_b, delta_b, mask=row_ok)
+        gl.store(M + at + rows_b, m_b, mask=row_ok)
+        m = gl.convert_layout(m_b, gl.SliceLayout(1, s_layout))
+        delta = gl.convert_layout(delta_b, gl.SliceLayout(1, s_layout))
+    else:
+        m = gl.load(M + at + rows, mask=rows < seqlen_q, other=float("inf"))   # rows past Lq: P = 0
+        delta = gl.load(DELTA + at + rows, mask=rows < seqlen_q, other=0.0)
     full_end, end, _ = _kv_key_bounds(row0, gl.minimum(row0 + ROWS, seqlen_q) - 1, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
     my_steps = gl.cdiv(end, BLOCK_N)
     offset = seqlen_k - seqlen_q
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bars.index(me), 0)
+    if not PREPROCESS: mbarrier.wait(q_bars.index(me), 0)
     q = q_smem.index(me).reshape([ROWS, HEAD_DIM])
     do = do_smem.index(me).reshape([ROWS, HEAD_DIM])
     for t in range(n_steps):
@@ -96,10 +117,12 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
 @gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
 def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of 64 rows, K, V of BLOCK_N
                     DQ, M, DELTA,                      # dq (B, Hq, Lq, D) any strides; m, delta (B, Hq, Lq)
-                    stride_dqz, stride_dqh, stride_dqm,
+                    O, LSE, DLSE,                      # with PREPROCESS: o as q; lse, dlse (B, Hq, Lq): M and Δ computed and stored
+                    stride_dqz, stride_dqh, stride_dqm, stride_oz, stride_oh, stride_om,
                     num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                    PREPROCESS: gl.constexpr = False, HAS_DLSE: gl.constexpr = False):
     "`_attn_bwd_dq`'s program over 128 rows of a batch and query head, as a loading warp and two consumer warpgroups of 64 rows."
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[2]
@@ -129,23 +152,27 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
     smem = (q_smem, do_smem, k_smem, v_smem)
     bars = (q_bars, ready, empty)
     where = (off_z, off_h, off_hkv, first_row, n_steps)
+    pre = (O, LSE, DLSE, stride_oz, stride_oh, stride_om)
     gl.warp_specialize([(_dq_ws_consumer, (0, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, CAUSAL)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, CAUSAL, PREPROCESS, HAS_DLSE)),
                         (_dq_ws_consumer, (1, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, CAUSAL)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, CAUSAL, PREPROCESS, HAS_DLSE)),
                         (_dq_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
 
-def arguments(q, k, v, do, dq, m, delta, causal, scale, BLOCK_N=64, STAGES=2):
+def arguments(q, k, v, do, dq, m, delta, causal, scale, BLOCK_N=64, STAGES=2, preprocess=None):
     B, Hq, Lq, D = q.shape
+    o, lse, dlse = preprocess if preprocess is not None else (dq, m, None)   # unread without PREPROCESS
     Hkv, Lk = k.shape[1], k.shape[2]
     named = dict(q_desc=_descriptor(q, 64), k_desc=_descriptor(k, BLOCK_N), v_desc=_descriptor(v, BLOCK_N),
-                 do_desc=_descriptor(do, 64), DQ=dq, M=m, DELTA=delta,
+                 do_desc=_descriptor(do, 64), DQ=dq, M=m, DELTA=delta, O=o, LSE=lse, DLSE=lse if dlse is None else dlse,
                  stride_dqz=dq.stride(0), stride_dqh=dq.stride(1), stride_dqm=dq.stride(2),
+                 stride_oz=o.stride(0), stride_oh=o.stride(1), stride_om=o.stride(2),
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_N=BLOCK_N, STAGES=STAGES,
-                 CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
+                 CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS),
+                 PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None)
     return named, triton.cdiv(Lq, 128) * B * Hq
 
 
@@ -159,15 +186,17 @@ def compile_report():
     for D in (64, 128):
         for causal in (True, False):
             for dtype in (torch.bfloat16, torch.float16):
-                for kw in VARIANTS:
+                for kw in VARIANTS + [dict(PRE_VARIANT, pre=True)]:
+                    kw = dict(kw)
                     q, do = (torch.empty(2, 8, 2048, D, dtype=dtype) for _ in range(2))
                     k, v = (torch.empty(2, 2, 2048, D, dtype=dtype) for _ in range(2))
                     m, delta = torch.empty(2, 8, 2048), torch.empty(2, 8, 2048)
-                    named, _ = arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, **kw)
+                    pre = (torch.empty_like(q), torch.empty(2, 8, 2048), None) if kw.pop("pre", False) else None
+                    named, _ = arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, preprocess=pre, **kw)
                     t = time.perf_counter()
                     try:
                         ck = compile_for_gpu(_attn_bwd_dq_ws, **named)
-                        print(f"D={D} causal={causal} {str(dtype)[6:]} {kw}: {resource_usage(ck)} ({time.perf_counter() - t:.1f} s)", flush=True)
+                        print(f"D={D} causal={causal} {str(dtype)[6:]} {kw} pre={pre is not None}: {resource_usage(ck)} ({time.perf_counter() - t:.1f} s)", flush=True)
                     except Exception as e:
                         print(f"D={D} causal={causal} {kw}: FAILED {type(e).__name__}: {str(e)[:1500]}", flush=True)
 
@@ -207,6 +236,14 @@ def gpu():
                 rq, _, _ = attention_backward_ref(q, k, v, do, causal, scale)
                 err = ((dq.double() - rq).abs().max() / rq.abs().max().clamp_min(1)).item()
                 ok = err < 2e-2 and not dq.isnan().any()
+                if kw == PRE_VARIANT:                          # again, with the rows' M and Δ computed in the prologue
+                    _, _, o, lse = stats(q, k, v, do, causal, scale)
+                    m2, delta2, dq2 = torch.full_like(m, float("nan")), torch.full_like(delta, float("nan")), torch.full_like(q, float("nan"))
+                    launch(q, k, v, do, dq2, m2, delta2, causal, scale, preprocess=(o, lse, None), **kw)
+                    torch.cuda.synchronize()
+                    same = torch.equal(m2, m) and torch.allclose(delta2, delta, rtol=1e-5, atol=1e-5) and torch.equal(dq2.isnan(), dq.isnan())
+                    err2 = ((dq2.double() - rq).abs().max() / rq.abs().max().clamp_min(1)).item()
+                    ok = ok and same and err2 < 2e-2 and not dq2.isnan().any()
                 bad += not ok
                 if not ok or (B, Lq) == (2, 2048): print(f"check {'ok' if ok else 'BAD'} {kw} {(B, Hq, Hkv, Lq, Lk, D, causal)} {dtype} err {err:.2e}", flush=True)
     print(f"check done, bad: {bad}", flush=True)
@@ -230,6 +267,8 @@ def gpu():
             runs[f"tl {c.label}"] = (lambda c=c: launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma=True))
         for kw in VARIANTS:
             runs[f"ws {kw}"] = (lambda kw=kw: launch(q, k, v, do, dq, m, delta, causal, scale, **kw))
+        runs[f"ws {PRE_VARIANT} + its rows' M and Δ"] = (lambda: launch(q, k, v, do, dq, m2, delta2, causal, scale,
+                                                                         preprocess=(o, lse, None), **PRE_VARIANT))
         flops = 3 * 2 * B * Hq * L * L * D / (2 if causal else 1)
         times = {name: [] for name in runs}
         for fn in runs.values(): fn()
@@ -251,11 +290,14 @@ def hazards_report():
     from triton_fa2.gluon import wgmma_hazards
     for D in (64, 128):
         for causal in (True, False):
-            for kw in VARIANTS:
+            for kw in VARIANTS + [dict(PRE_VARIANT, pre=True)]:
+                kw = dict(kw)
                 q, do = (torch.empty(2, 8, 2048, D, dtype=torch.bfloat16) for _ in range(2))
                 k, v = (torch.empty(2, 2, 2048, D, dtype=torch.bfloat16) for _ in range(2))
                 m, delta = torch.empty(2, 8, 2048), torch.empty(2, 8, 2048)
-                named, _ = arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, **kw)
+                pre = (torch.empty_like(q), torch.empty(2, 8, 2048), None) if kw.pop("pre", False) else None
+                named, _ = arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, preprocess=pre, **kw)
+                kw["pre"] = pre is not None
                 sass = cuobjdump(compile_for_gpu(_attn_bwd_dq_ws, **named))
                 print(f"D={D} causal={causal} {kw}: hazards {wgmma_hazards(sass)[:5]}, HGMMA {sass.count('HGMMA')}", flush=True)
 
