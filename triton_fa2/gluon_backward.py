@@ -16,7 +16,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
-from .backward import _backward_mod_flags, _dkdv_row_runs, _q_row_bounds
+from .backward import _backward_mod_flags, _delta_and_m, _dkdv_row_runs, _q_row_bounds
 from .candidates import BACKWARD_GLUON, BACKWARD_GLUON_DQ, Candidate
 from .forward import LOG2E, _kv_key_bounds, _program_block
 from .gluon import _WS_CONSUMER_REGS, _descriptor, _tma_load, _ws_maxnreg, usable as _gluon_usable
@@ -462,12 +462,7 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
                     + offs_db[None, :], mask=row_ok[:, None], other=0.0)
         mbarrier.wait(q_bars.index(me), 0)
         do_b = do_smem.index(me).reshape([ROWS, HEAD_DIM]).load(blk)
-        delta_b = gl.sum(o.to(gl.float32) * do_b.to(gl.float32), axis=1)
-        if HAS_DLSE: delta_b -= gl.load(DLSE + at + rows_b, mask=row_ok, other=0.0)
-        lse = gl.load(LSE + at + rows_b, mask=row_ok, other=float("-inf"))
-        m_b = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-        gl.store(DELTA + at + rows_b, delta_b, mask=row_ok)
-        gl.store(M + at + rows_b, m_b, mask=row_ok)
+        delta_b, m_b = _delta_and_m(o, do_b, LSE, DLSE, DELTA, M, at + rows_b, row_ok, HAS_DLSE)   # 12's step, as the `tl` pass
         m = gl.convert_layout(m_b, gl.SliceLayout(1, s_layout))
         delta = gl.convert_layout(delta_b, gl.SliceLayout(1, s_layout))
     else:
