@@ -333,28 +333,32 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
         use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
         dkdv = lambda c: _gluon_backward.launch_dkdv if c.kernel == "gluon_dkdv" else _backward.launch_dkdv
-        passes = ((1, "bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods, (o, lse, dlse))),
+        dq_pass = lambda c: _gluon_backward.launch_dq if c.kernel == "gluon_dq" else _backward.launch_dq
+        passes = ((1, "bwd_dq", lambda c: dq_pass(c)(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods, (o, lse, dlse))),
                   (0, "bwd_dkdv", lambda c: dkdv(c)(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)))   # reads Δ, M
         gluon = _gluon_backward is not None and _gluon_backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
+        gluon_dq = _gluon_backward is not None and _gluon_backward.gluon_dq_applies(q, D, use_tma, mods, causal)
+        refused = lambda c: (c.kernel == "gluon_dkdv" and not gluon) or (c.kernel == "gluon_dq" and not gluon_dq)   # cannot run this call
         picks, launched, tuned = [None, None], [None, None], True
         for i, kernel, run in passes:
             pick = configs[i] if configs is not None else None
             if pick is not None:                               # a test's candidate: its failure is what the test is for
-                if pick.kernel == "gluon_dkdv" and not gluon:
-                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128")
+                if refused(pick):
+                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128"
+                                     + (", without a window, softcap or ALiBi" if pick.kernel == "gluon_dq" else ""))
                 run(pick)
                 picks[i] = pick
                 continue
             key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, *flags, str(q.dtype),
                    str(q.device))
             pick = _PICKS.get(key)
-            if pick is None or (pick.kernel == "gluon_dkdv" and not gluon) or (key not in _TUNED and tuning_requested()):
+            if pick is None or refused(pick) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods,
                                                                 modified=any(flags)), run, rule)
             try: launched[i] = run(pick)
             except Exception as e:
-                if pick.kernel != "gluon_dkdv": raise
+                if not pick.kernel.startswith("gluon"): raise
                 _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
                 del _PICKS[key]                                # the `tl` pass's own pick serves from now on
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run)
