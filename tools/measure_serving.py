@@ -9,7 +9,12 @@ rows are the same attention. FLOPs are 4·Hq·D·L²/2 per sequence (triton_fa2.
 16 real sequences, `computed_flops` is what a dense call does (16 sequences of 8000). `tflops_real` = real FLOPs over
 the time (what a server gets), `tflops_computed` = the work done over the time. On the varlen row,
 `varlen_per_token_vs_dense` = its tflops_real / ours dense tflops_computed: varlen's throughput per real token against
-the throughput our dense kernel reaches on work without raggedness. `ms` is triton.testing.do_bench's median (CUDA
+the throughput our dense kernel reaches on work without raggedness. A last row, `triton_fa2.flash_attn_func at each length`, is our dense
+kernel on the mix's own lengths: each distinct length L as a dense batch of ⌊32768 / L⌋ sequences (about as many tokens
+as the mix, so a full GPU; the first is a sequence of the mix, checked against its reference), and `ms` the sum over the
+16 sequences of that batch's time divided by its batch size: the time the same work takes where no sequence shares a
+launch with another of a different length. On the varlen row `varlen_vs_dense_same_lengths` = its tflops_real / that
+row's: what packing itself costs, short sequences' lower efficiency (more of their tiles on the diagonal) set aside. `ms` is triton.testing.do_bench's median (CUDA
 events around each call, L2 cleared between calls).
 
 section=paged_decode: one query token per sequence at (B, Lk) = (8, 8192), (64, 4096), (1, 32768), Hq=32, Hkv=8,
@@ -54,7 +59,7 @@ from triton_fa2.tuning import tuning
 COLUMNS = ["section", "provider", "layout", "batch", "heads_q", "heads_kv", "head_dim", "dtype", "causal",
            "seqlens", "seqlen_k", "page_size", "ms", "ms_eager", "timer",
            "real_tokens", "computed_tokens", "real_flops", "computed_flops", "tflops_real", "tflops_computed",
-           "varlen_per_token_vs_dense", "kv_bytes", "gbps", "gbps_eager", "gbps_vs_contiguous",
+           "varlen_per_token_vs_dense", "varlen_vs_dense_same_lengths", "kv_bytes", "gbps", "gbps_eager", "gbps_vs_contiguous",
            "err", "ok", "note", "config", "gpu", "torch", "triton", "commit", "date"]
 
 # Odd lengths (no tile multiples) in no particular order, as a scheduler hands them over; they sum to 32768.
@@ -207,9 +212,40 @@ def fmt(x:float) -> str: return f"{x:.4g}"
 
 def print_row(r:dict):
     figures = " ".join(f"{c}={r[c]}" for c in ("ms", "ms_eager", "tflops_real", "tflops_computed", "gbps", "gbps_vs_contiguous",
-                                               "varlen_per_token_vs_dense", "err", "ok") if r[c] != "")
+                                               "varlen_per_token_vs_dense", "varlen_vs_dense_same_lengths", "err", "ok") if r[c] != "")
     where = f"B={r['batch']}" + (f" Lk={r['seqlen_k']}" if r["section"] == "paged_decode" else "")
     print(f"{r['section']:<14} {r['provider']:<34} {r['layout']:<34} {where} {figures} {r['note']}", flush=True)
+
+
+def same_lengths(q, k, v, lens:tuple, starts:list, refs:dict, gpu:bool) -> dict:
+    """Our dense kernel at each distinct length of the mix, a batch of ⌊total / L⌋ sequences of L tokens whose first is
+    a sequence of the mix: each checked (against `refs` where that sequence has them, else head 0's float32 reference)
+    and timed. The row's measured fields: `ms` = Σ over the mix's sequences of their length's time / its batch size."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    ms, errs, notes, configs = 0.0, [], [], []
+    for L in sorted(set(lens)):
+        n, b = max(1, sum(lens) // L), lens.index(L)
+        rows = slice(starts[b], starts[b] + L)
+        def batch(x):
+            out = torch.randn(n, L, *x.shape[1:], device=x.device, dtype=x.dtype)
+            out[0] = x[rows]
+            return out
+        qL, kL, vL = batch(q), batch(k), batch(v)
+        checked = {key: ref for key, ref in refs.items() if key[0] == b}
+        if not checked:
+            one = lambda t: t[rows, :1].transpose(0, 1)[None]                      # head 0: (1, 1, L, D)
+            checked = {(b, 0): attention_ref(one(q), one(k), one(v), causal=True)[0][0, 0]}
+        values = measure(lambda: triton_fa2.flash_attn_func(qL, kL, vL, causal=True),
+                         lambda o: {key: o[0, :, key[1]] for key in checked}, checked, gpu, graph=False, replays=0,
+                         warmup_ms=100, rep_ms=1000)
+        del qL, kL, vL
+        if not values["ms"]:
+            return dict(ms="", err=values["err"], ok=False, note=f"length {L}: {values['note']}", config=values["config"])
+        ms += float(values["ms"]) / n * lens.count(L)
+        errs.append(float(values["err"]))
+        configs.append(f"{L}: {values['config']}" if values["config"] else "")
+    note = f"each length as a dense batch of about {sum(lens)} tokens, each sequence its share of that batch's time"
+    return dict(ms=f"{ms:.4f}", err=f"{max(errs):.2e}", ok=True, note=note, config="; ".join(filter(None, configs)))
 
 
 def prefill_rows(shapes:Shapes, meta:dict, device, gpu:bool) -> list:
@@ -269,9 +305,17 @@ def prefill_rows(shapes:Shapes, meta:dict, device, gpu:bool) -> list:
         if r["ms"]:
             r.update(tflops_real=fmt(real_flops / float(r["ms"]) / 1e9), tflops_computed=fmt(computed / float(r["ms"]) / 1e9))
         out.append(r)
+    same = dict(out[1], provider="triton_fa2.flash_attn_func at each length", layout="dense (⌊total / L⌋, L, H, D) per length",
+                computed_tokens=total, computed_flops=int(real_flops), tflops_real="", tflops_computed="", ms_eager="",
+                **same_lengths(q, k, v, lens, starts, refs, gpu))
+    same["timer"] = timer + "; ms: the sum over the sequences of their length's batch time / its batch size"
+    if same["ms"]: same.update(tflops_real=fmt(real_flops / float(same["ms"]) / 1e9), tflops_computed=fmt(real_flops / float(same["ms"]) / 1e9))
+    out.append(same)
     varlen, dense = out[0], out[1]
     if varlen["tflops_real"] and dense["tflops_computed"]:
         varlen["varlen_per_token_vs_dense"] = fmt(float(varlen["tflops_real"]) / float(dense["tflops_computed"]))
+    if varlen["tflops_real"] and same["tflops_real"]:
+        varlen["varlen_vs_dense_same_lengths"] = fmt(float(varlen["tflops_real"]) / float(same["tflops_real"]))
     for r in out: print_row(r)
     del q, k, v, q_pad, k_pad, v_pad, q_bhld, k_bhld, v_bhld, refs
     if gpu: torch.cuda.empty_cache()
