@@ -341,6 +341,29 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
     _store_dkdv(dk, dv, keys0, DK, DV, off_z, off_hkv, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                 seqlen_k, scale)
 
+@gluon.jit
+def _ws_pass_buffers(once_a_desc, once_b_desc, ring_a_desc, ring_b_desc, STAGES: gl.constexpr):
+    """The shared memory of a warp-specialised backward pass: two tiles of each operand loaded once (one per consumer),
+    with a barrier each; a ring of STAGES tiles of the two streamed operands, with its ready and empty barriers, a slot
+    empty again once both consumers released it (the ring's protocol of [11](11_gluon.ipynb))."""
+    dtype: gl.constexpr = once_a_desc.dtype
+    HEAD_DIM: gl.constexpr = once_a_desc.block_type.shape[3]
+    ONCE_ROWS: gl.constexpr = once_a_desc.block_type.shape[2]
+    RING_ROWS: gl.constexpr = ring_a_desc.block_type.shape[2]
+    once_a = gl.allocate_shared_memory(dtype, [2, 1, 1, ONCE_ROWS, HEAD_DIM], once_a_desc.layout)
+    once_b = gl.allocate_shared_memory(dtype, [2, 1, 1, ONCE_ROWS, HEAD_DIM], once_b_desc.layout)
+    ring_a = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, RING_ROWS, HEAD_DIM], ring_a_desc.layout)
+    ring_b = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, RING_ROWS, HEAD_DIM], ring_b_desc.layout)
+    once_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(once_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)             # both consumers release a slot
+    return once_a, once_b, ring_a, ring_b, once_bars, ready, empty
+
 @gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
 def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of BLOCK_M rows, K, V of 64
                       DK, DV, M, DELTA,                   # dk, dv (B, Hkv, Lk, D) any strides; m, delta (B, Hq, Lq)
@@ -364,18 +387,7 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     n_steps = gl.where(end > lo, per_head * group_size, 0)
     head0 = off_hkv * group_size
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-    kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(kv_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)             # both consumers release a slot
+    k_smem, v_smem, q_smem, do_smem, kv_bars, ready, empty = _ws_pass_buffers(k_desc, v_desc, q_desc, do_desc, STAGES)
 
     descs = (q_desc, k_desc, v_desc, do_desc)
     smem = (k_smem, v_smem, q_smem, do_smem)
@@ -525,18 +537,7 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
     _, end, _ = _kv_key_bounds(first_row, gl.minimum(first_row + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
     n_steps = gl.cdiv(end, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, ROWS, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)             # both consumers release a slot
+    q_smem, do_smem, k_smem, v_smem, q_bars, ready, empty = _ws_pass_buffers(q_desc, do_desc, k_desc, v_desc, STAGES)
 
     descs = (q_desc, k_desc, v_desc, do_desc)
     smem = (q_smem, do_smem, k_smem, v_smem)
