@@ -1,11 +1,13 @@
 # Import the runtime first: without a GPU it sets TRITON_INTERPRET=1 before any kernel module is decorated.
 import triton_fa2.runtime  # noqa: F401
-import os, tempfile
+import atexit, os, shutil, tempfile
 import pytest
 import torch
 
-# Tuned picks go to a directory of this run's own, never the user's tuning cache (and no run reads another's picks).
+# Tuned picks go to a directory of this run's own, never the user's tuning cache (and no run reads another's picks),
+# removed when the run ends
 os.environ["TRITON_FA2_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton_fa2_tuning_cache_")
+atexit.register(shutil.rmtree, os.environ["TRITON_FA2_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,7 +11,7 @@ import triton_fa2.candidates as candidates_module
 
 import triton_fa2.ops as ops
 from triton_fa2.backward import attention_backward_ref
-from triton_fa2.candidates import BACKWARD, BACKWARD_GLUON, Candidate
+from triton_fa2.candidates import BACKWARD, BACKWARD_GLUON, BACKWARD_GLUON_DQ, Candidate
 from triton_fa2.dispatch import _attention_backward, _attention_forward
 from triton_fa2.interface import attention, flash_attn_func
 from triton_fa2.naive import attention_ref
@@ -248,8 +248,9 @@ def test_gpu_every_candidate_is_correct(kernel, monkeypatch):
     assert checked >= 10
 
 
-def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch):
-    "The dK/dV pass's Gluon pick failing at run time: one warning, the `tl` pass's gradients, never an error in the call."
+@pytest.mark.parametrize("kernel", ["bwd_dkdv", "bwd_dq"])
+def test_a_gluon_pick_that_fails_falls_back_to_the_tl_pass_once(kernel, monkeypatch):
+    "Either pass's Gluon pick failing at run time: one warning, the `tl` pass's gradients, never an error in the call."
     import warnings
     import triton_fa2.dispatch as dispatch
     import triton_fa2.gluon as gluon
@@ -258,18 +259,19 @@ def test_a_gluon_dkdv_pick_that_fails_falls_back_to_the_tl_pass_once(monkeypatch
     refs = attention_backward_ref(q, k, v, do, causal=True)
     monkeypatch.setattr(dispatch, "_PICKS", {})
     poisoned_backward(q, k, v, do, True)                                  # chooses: the `tl` pass's pick for this key
-    (key,) = [key for key in dispatch._PICKS if key[0] == "bwd_dkdv"]
-    gluon_pick = BACKWARD_GLUON[64][0]
+    (key,) = [key for key in dispatch._PICKS if key[0] == kernel]
+    gluon_pick = (BACKWARD_GLUON if kernel == "bwd_dkdv" else BACKWARD_GLUON_DQ)[64][0]
     monkeypatch.setitem(dispatch._PICKS, key, gluon_pick)                 # as if the Gluon pass had won the choice
     monkeypatch.setattr(gluon, "_DISABLED", [])
-    monkeypatch.setattr(gluon_bwd, "gluon_dkdv_applies", lambda *args: not gluon._DISABLED)
+    for applies in ("gluon_dkdv_applies", "gluon_dq_applies"):
+        monkeypatch.setattr(gluon_bwd, applies, lambda *args: not gluon._DISABLED)
     def broken(*args): raise RuntimeError("a Gluon API this code does not know")
-    monkeypatch.setattr(gluon_bwd, "launch_dkdv", broken)
+    monkeypatch.setattr(gluon_bwd, "launch_dkdv" if kernel == "bwd_dkdv" else "launch_dq", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
             check_grads(poisoned_backward(q, k, v, do, True), refs, torch.float16)
-            assert dispatch._PICKS[key].kernel == "bwd_dkdv"
+            assert dispatch._PICKS[key].kernel == kernel
     messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
     assert len(messages) == 1 and f"{gluon_pick.label} failed (RuntimeError" in messages[0], messages
 
@@ -295,9 +297,18 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
     monkeypatch.setattr(candidates_module, "interpreting", lambda: False)
     for D in BACKWARD_GLUON:
         plain = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)
-        scored = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True)
-        assert [c for c in plain if c not in scored] == [c for c in BACKWARD_GLUON[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
+        scored = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, modified=True)
+        windowed = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, modified=True)
+        assert [c for c in plain if c not in scored] == [c for c in BACKWARD_GLUON[D]
+                                                         if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
+        assert [c for c in plain if c not in windowed] == [c for c in BACKWARD_GLUON[D] if c.WARP_SPECIALIZE]
         assert any(c.kernel == "gluon_dkdv" for c in scored)           # every head dim keeps a Gluon tile
+    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass refuses every modifier but a sink
+    for name in ("window", "softcap", "alibi"):
+        with pytest.raises(ValueError, match="takes no window, softcap or ALiBi"):
+            gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])
+    named, grid = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, True, 0.125, ws, every["sink"])
+    assert grid == 1 and named["group_size"] == 2 and named["maxnreg"] == gluon_bwd._ws_maxnreg(named["CONSUMER_REGS"])
 
 
 def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
@@ -333,7 +344,7 @@ def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
         refs = grads_ref(q, k, v, do, causal, mods)[:3]
         scored = "softcap" in variant or "alibi" in variant
         for c in BACKWARD_GLUON[D]:
-            if scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
+            if (scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS) or c.WARP_SPECIALIZE: continue   # plain only: `test_gpu_gluon_dkdv`
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(c, dq_pass), mods=mods)
             check_grads(grads, refs, dtype)
@@ -362,6 +373,38 @@ def test_gpu_gluon_dkdv(D, dtype):
     refs = attention_backward_ref(q, k, v, do, causal=True)
     for c in BACKWARD_GLUON[D]:
         check_grads(poisoned_backward(q, k, v, do, True, configs=(c, BACKWARD[("bwd_dq", D, False)][0])), refs, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", sorted(BACKWARD_GLUON_DQ))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_dq(D, dtype):
+    """Every Gluon dQ candidate against float64 on awkward shapes (with a gradient of the LSE on one), bit for bit twice,
+    and on packed (B, L, 3·H, D) views."""
+    from triton_fa2.gluon_backward import gluon_dq_applies
+    dkdv_pass = BACKWARD[("bwd_dkdv", D, False)][0]
+    for i, (B, Hq, Hkv, Lq, Lk, causal) in enumerate(GLUON_DKDV_CASES):
+        q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
+        k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+        assert gluon_dq_applies(q, D, True), "sm_90 with Triton 3.6 runs the Gluon kernels"
+        o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device)
+        _attention_forward(q, k, v, o, lse, causal, D ** -0.5)
+        dlse = randn(B, Hq, Lq, dtype=torch.float32) if i == 0 else None
+        refs = attention_backward_ref(q, k, v, do, causal=causal, dlse=dlse)
+        for c in BACKWARD_GLUON_DQ[D]:
+            runs = []
+            for _ in range(2):
+                grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+                _attention_backward(do, q, k, v, o, lse, dlse, *grads, causal, D ** -0.5, configs=(dkdv_pass, c))
+                runs.append(grads)
+            check_grads(runs[0], refs, dtype)                  # dK and dV too: they read the M and Δ it stored
+            assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1])), f"{c.label}: not deterministic"
+    qkv = randn(2, 300, 3 * 4, D, dtype=dtype)                 # packed QKV: (B, L, H, D) views with a row stride of 3·H·D
+    q, k, v = (t.transpose(1, 2) for t in qkv.split(4, dim=2))
+    do = randn(2, 4, 300, D, dtype=dtype)
+    refs = attention_backward_ref(q, k, v, do, causal=True)
+    for c in BACKWARD_GLUON_DQ[D]:
+        check_grads(poisoned_backward(q, k, v, do, True, configs=(dkdv_pass, c)), refs, dtype)
 
 
 @pytest.mark.gpu
@@ -517,13 +560,13 @@ SAVED_BACKWARD_CASES = [
 
 
 def _one_backward_candidate(monkeypatch, dkdv:str):
-    "Fresh plans and picks, one candidate per pass: the Gluon dK/dV pass's or the `tl` one's (one compile each)."
+    "Fresh plans and picks, one candidate per pass: the Gluon passes' or the `tl` ones' (one compile each)."
     import triton_fa2.dispatch as dispatch
     from triton_fa2.candidates import backward_candidates
     monkeypatch.setattr(dispatch, "_BACKWARD_PLANS", {}); monkeypatch.setattr(dispatch, "_PICKS", {})
     def one(kernel, *args, gluon=False, **kwargs):
         every = backward_candidates(kernel, *args, gluon=gluon and dkdv == "gluon", **kwargs)
-        return [c for c in every if kernel == "bwd_dq" or (c.kernel == "gluon_dkdv") == (dkdv == "gluon")][:1]
+        return [c for c in every if c.kernel.startswith("gluon") == (dkdv == "gluon")][:1]
     monkeypatch.setattr(dispatch, "backward_candidates", one)
 
 
@@ -566,7 +609,7 @@ def test_gpu_backward_saved_launch_is_bit_identical(B, Hq, Hkv, Lq, Lk, D, dkdv,
         del runs[:]
         picks = _attention_backward(*inputs, *grads, True, scale)
         assert len(runs) == (2 if call == 0 else 0), (call, runs)
-        assert picks[0].kernel == ("gluon_dkdv" if dkdv == "gluon" else "bwd_dkdv")
+        assert [p.kernel for p in picks] == (["gluon_dkdv", "gluon_dq"] if dkdv == "gluon" else ["bwd_dkdv", "bwd_dq"])
         normal = [torch.full_like(t, float("nan")) for t in inputs[1:4]]
         _attention_backward(*inputs, *normal, True, scale, configs=picks)     # Triton's own path, the same candidates
         for name, g, n in zip(("dq", "dk", "dv"), grads, normal): assert torch.equal(g, n), (call, name)

@@ -1,9 +1,15 @@
 """flash_attn_varlen_func against a float64 reference per sequence: ragged lengths (0, 1, odd), chunked prefill
 (Lq < Lk per sequence), GQA, both dtypes, odd head dims, strided inputs, poisoned outputs, gradients (into a packed QKV
 buffer, through the LSE too), the operators under opcheck and torch.compile, and every refusal."""
+import inspect
+
 import pytest
 import torch
-import triton_fa2
+import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
+import triton
+import triton.language as tl
+from triton_fa2 import varlen as _varlen_module
+from triton_fa2.varlen import _packed_block, packed_slots
 from triton_fa2 import dispatch, ops
 from triton_fa2.backward import attention_backward_ref
 from triton_fa2.runtime import interpreting
@@ -31,13 +37,6 @@ def reference(q, k, v, cu_q, cu_k, causal, scale=None):
     return out, lse
 
 
-import inspect
-import triton
-import triton.language as tl
-from triton_fa2 import varlen as _varlen_module
-from triton_fa2.varlen import _packed_block, packed_slots
-
-
 @triton.jit
 def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr):
     pid = tl.program_id(0)
@@ -51,13 +50,14 @@ def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, BLOCK: tl.constexpr, LONG
                                      [2917, 100, 8000, 611, 1493, 4321, 257]])
 def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
     """The packed grid (`packed_slots` slots a head, `_packed_block`): every block of every sequence and head exactly once,
-    at most one spare slot per sequence, the slots backwards for causal, and spare rows past the last offset harmless."""
-    cu = offsets(lengths)
+    at most one spare slot per sequence, the slots backwards for causal, and spare rows before the first offset and past
+    the last harmless."""
     batch, heads = len(lengths), 3
     for block in (16, 64, 128) if sum(lengths) < 2000 else (128,):    # the interpreter runs a program at a time
         for longest_first in (False, True):
-            for spare_rows in (0, 77):                       # rows no sequence owns after the last
-                slots = packed_slots(sum(lengths) + spare_rows, batch, block)
+            for lead_rows, spare_rows in ((0, 0), (0, 77), (300, 5)):   # rows no sequence owns, before the first and after the last
+                cu = offsets(lengths) + lead_rows
+                slots = packed_slots(lead_rows + sum(lengths) + spare_rows, batch, block)
                 out = torch.full((slots * heads, 3), -7, dtype=torch.int32, device=device)
                 _schedule_probe[(slots * heads,)](cu, out, slots, batch, BLOCK=block, LONGEST_FIRST=longest_first)
                 seen, spare = [], 0
@@ -66,10 +66,36 @@ def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
                     if b * block < lengths[z]: seen.append((z, b, h))
                     else: spare += 1
                 want = [(z, b, h) for h in range(heads) for z, n in enumerate(lengths) for b in range(-(-n // block))]
-                assert sorted(seen) == sorted(want), (block, longest_first)
-                assert spare <= heads * (batch + spare_rows // block + 1), spare
+                assert sorted(seen) == sorted(want), (block, longest_first, lead_rows)
+                assert spare <= heads * (batch + (lead_rows + spare_rows) // block + 1), spare
                 head0 = [(z, b) for z, b, h in out.cpu().tolist()[:slots] if b * block < lengths[z]]
                 assert head0 == sorted(head0, reverse=longest_first), "a head's slots in order, backwards for causal"
+
+
+def test_offsets_that_start_past_row_zero_touch_no_other_row():
+    """One sequence of a packed batch alone (its two offsets, the first past 0, as a caller that slices `cu_seqlens`
+    passes them): the forward writes its rows only, equal to the whole batch's, and the backward's gradients of its rows
+    match float64."""
+    lengths = [37, 70, 1, 41]
+    cu = offsets(lengths)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, device=device, dtype=torch.float16) for _ in range(3))
+    for causal in (False, True):
+        ref, _ = reference(q, k, v, cu, cu, causal)
+        for b in (1, 3):
+            (q0, q1) = cu[b:b + 2].tolist()
+            o = torch.full_like(q, float("nan"))
+            lse = torch.full((2, sum(lengths)), float("nan"), device=device)
+            dispatch._varlen_forward(q, k, v, o, lse, cu[b:b + 2], cu[b:b + 2], q1 - q0, causal, 32 ** -0.5)
+            assert o[:q0].isnan().all() and o[q1:].isnan().all() and lse[:, :q0].isnan().all() and lse[:, q1:].isnan().all(), b
+            assert (o[q0:q1].double() - ref[q0:q1]).abs().max().item() < TOL[torch.float16], b
+            do = torch.randn_like(q)
+            grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+            dispatch._varlen_backward(do, q, k, v, o, lse, None, cu[b:b + 2], cu[b:b + 2], q1 - q0, *grads, causal, 32 ** -0.5)
+            one = [t[q0:q1].double().requires_grad_() for t in (q, k, v)]
+            out, _ = reference(*one, offsets([q1 - q0]), offsets([q1 - q0]), causal)
+            want = torch.autograd.grad(out, one, do[q0:q1].double())
+            for got, expected in zip(grads, want):
+                assert not got[q0:q1].isnan().any() and (got[q0:q1].double() - expected).abs().max().item() < 1e-2, b
 
 
 def test_a_wrong_max_seqlen_costs_no_rows():
@@ -79,12 +105,12 @@ def test_a_wrong_max_seqlen_costs_no_rows():
     q, k, v = (torch.randn(sum(lengths), 2, 32, device=device, dtype=torch.float16, requires_grad=True) for _ in range(3))
     o = torch.full_like(q, float("nan")).detach()
     lse = torch.full((2, sum(lengths)), float("nan"), device=device)
-    dispatch._varlen_forward(q.detach(), k.detach(), v.detach(), o, lse, cu, cu, 1, 1, True, 32 ** -0.5)
+    dispatch._varlen_forward(q.detach(), k.detach(), v.detach(), o, lse, cu, cu, 1, True, 32 ** -0.5)
     ref, ref_lse = reference(q.detach(), k.detach(), v.detach(), cu, cu, True)
     assert (o.double() - ref).abs().max().item() < TOL[torch.float16]
     do = torch.randn_like(q)
     grads = [torch.full_like(t, float("nan")).detach() for t in (q, k, v)]
-    dispatch._varlen_backward(do, q.detach(), k.detach(), v.detach(), o, lse, None, cu, cu, 1, 1, *grads, True, 32 ** -0.5)
+    dispatch._varlen_backward(do, q.detach(), k.detach(), v.detach(), o, lse, None, cu, cu, 1, *grads, True, 32 ** -0.5)
     ref_out, _ = reference(*(t.double() for t in (q, k, v)), cu, cu, True)
     want = torch.autograd.grad(ref_out, (q, k, v), do.double())
     for got, expected in zip(grads, want):
@@ -299,7 +325,7 @@ def test_rows_outside_every_sequence_are_zero_and_the_backward_fills_poisoned_bu
     assert (out[10:] == 0).all() and (lse[:, 10:] == float("-inf")).all()
     do = torch.randn_like(q)
     grads = [torch.full_like(q, float("nan")) for _ in range(3)]
-    dispatch._varlen_backward(do, q, q, q, out, lse, None, cu, cu, 6, 6, *grads, False, 0.25)
+    dispatch._varlen_backward(do, q, q, q, out, lse, None, cu, cu, 6, *grads, False, 0.25)
     assert not any(g[:10].isnan().any() for g in grads)
 
 
@@ -401,29 +427,29 @@ def test_the_varlen_dispatch_offers_gluon_where_it_applies(monkeypatch):
     for D, mods, expected in ((64, None, one_warpgroup), (128, None, list(PREFILL_GLUON)), (128, alibi, one_warpgroup), (32, None, []),
                               (128, ScoreMods(window_size=(8, 0)), list(PREFILL_GLUON))):
         q, k, v, o, lse, cu = gluon_inputs([9, 20], D=D)
-        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, D ** -0.5, mods=mods)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, D ** -0.5, mods=mods)
         assert [c for c in offered[-1] if _gluon.takes(c, mods, varlen=True)] == expected, (D, mods)   # the dispatcher's filter
         if expected:
             o.fill_(float("nan"))
-            assert dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, D ** -0.5, config=expected[0], mods=mods) is expected[0]
+            assert dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, D ** -0.5, config=expected[0], mods=mods) is expected[0]
             assert launched[-1] == (expected[0], mods) and not o.isnan().any()
         else:
             with pytest.raises(ValueError, match="runs only on sm_90"):
-                dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, D ** -0.5, config=GLUON_64, mods=mods)
+                dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, D ** -0.5, config=GLUON_64, mods=mods)
     q, k, v, o, lse, cu = gluon_inputs([9, 20], D=128)
     with pytest.raises(ValueError, match="ALiBi: not the ws kernel"):
-        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.1, config=GLUON_WS, mods=alibi)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, 0.1, config=GLUON_WS, mods=alibi)
     pool = torch.randn(4, 16, 2, 128, device=device, dtype=torch.float16)           # a paged pool: the `tl` kernel alone
     table = torch.arange(4, dtype=torch.int32, device=device).view(2, 2)
-    dispatch._varlen_forward(q, pool, pool, o, lse, cu, cu, 20, 20, True, 0.1, block_table=table)
+    dispatch._varlen_forward(q, pool, pool, o, lse, cu, cu, 20, True, 0.1, block_table=table)
     assert offered[-1] == []
     with pytest.raises(ValueError, match="not a paged pool"):
-        dispatch._varlen_forward(q, pool, pool, o, lse, cu, cu, 20, 20, True, 0.1, config=GLUON_64, block_table=table)
+        dispatch._varlen_forward(q, pool, pool, o, lse, cu, cu, 20, True, 0.1, config=GLUON_64, block_table=table)
     monkeypatch.setattr(_gluon, "usable", lambda q: False)                          # not sm_90 (or Gluon off): never
-    dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, False, 0.1)
+    dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, False, 0.1)
     assert offered[-1] == []
     with pytest.raises(ValueError, match="runs only on sm_90"):
-        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.1, config=GLUON_64)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, 0.1, config=GLUON_64)
 
 
 def test_a_varlen_gluon_pick_that_fails_falls_back_to_the_tl_kernel_once(monkeypatch):
@@ -432,7 +458,7 @@ def test_a_varlen_gluon_pick_that_fails_falls_back_to_the_tl_kernel_once(monkeyp
     q, k, v, o, lse, cu = gluon_inputs([9, 0, 20], D=64)
     monkeypatch.setattr(dispatch, "_PICKS", {})
     monkeypatch.setattr(dispatch._forward, "_has_tma", lambda device: True)
-    dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.125)         # chooses: the `tl` kernel's pick
+    dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, 0.125)         # chooses: the `tl` kernel's pick
     (key,) = dispatch._PICKS
     monkeypatch.setitem(dispatch._PICKS, key, GLUON_64)                              # as if the Gluon kernel had won
     monkeypatch.setattr(_gluon, "_DISABLED", [])
@@ -444,14 +470,14 @@ def test_a_varlen_gluon_pick_that_fails_falls_back_to_the_tl_kernel_once(monkeyp
         warnings.simplefilter("always")
         for _ in range(2):
             o.fill_(float("nan"))
-            config = dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.125)
+            config = dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, 0.125)
             assert config.kernel == "tl" and dispatch._PICKS[key] is config
             assert (o.double() - ref).abs().max().item() < TOL[torch.float16]
     messages = [str(w.message) for w in caught if "Gluon" in str(w.message)]
     assert len(messages) == 1 and "gluon 64x64 w4 s2 failed (RuntimeError" in messages[0]
     monkeypatch.setattr(_gluon, "usable", lambda q: True)
     with pytest.raises(RuntimeError, match="does not know"):                         # a config given explicitly still raises
-        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, 20, True, 0.125, config=GLUON_64)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, 0.125, config=GLUON_64)
 
 
 def test_the_gluon_varlen_arguments():
@@ -532,7 +558,7 @@ def test_gpu_every_gluon_candidate_over_packed_sequences(D, dtype, causal, mods_
     assert configs
     for config in configs:
         o, lse = torch.full_like(q, float("nan")), torch.full((Hq, tq + 3), float("nan"), device=device)
-        assert dispatch._varlen_forward(q, k, v, o, lse, cu_q, cu_k, max(LENGTHS_Q), max(lengths_k), causal, scale, config=config,
+        assert dispatch._varlen_forward(q, k, v, o, lse, cu_q, cu_k, max(lengths_k), causal, scale, config=config,
                                         mods=mods) is config
         assert o[tq:].isnan().all() and lse[:, tq:].isnan().all(), config.label          # rows no sequence owns: untouched
         assert not o[:tq].isnan().any() and not lse[:, :tq].isnan().any(), config.label
@@ -545,7 +571,7 @@ def test_gpu_every_gluon_candidate_over_packed_sequences(D, dtype, causal, mods_
             (q0, q1), (k0, k1) = cu_q[b:b + 2].tolist(), cu_k[b:b + 2].tolist()
             one_mods = mods if mods is None or mods.alibi_slopes is None else mods._replace(alibi_slopes=mods.alibi_slopes[b:b + 1])
             o1, lse1 = torch.full_like(q, float("nan")), torch.full((Hq, tq + 3), float("nan"), device=device)
-            dispatch._varlen_forward(q, k, v, o1, lse1, cu_q[b:b + 2], cu_k[b:b + 2], q1 - q0, k1 - k0, causal, scale,
+            dispatch._varlen_forward(q, k, v, o1, lse1, cu_q[b:b + 2], cu_k[b:b + 2], k1 - k0, causal, scale,
                                      config=config, mods=one_mods)
             assert o1[:q0].isnan().all() and o1[q1:].isnan().all() and lse1[:, :q0].isnan().all() and lse1[:, q1:].isnan().all(), \
                 (config.label, b)
@@ -571,7 +597,7 @@ def test_gpu_gluon_varlen_keeps_a_neighbours_nan_out(dtype, causal):
     clean = torch.cat([torch.arange(cu[b], cu[b + 1], device=device) for b in (0, 2, 3)])
     for config in [c for c in PREFILL_GLUON if _gluon.takes(c, varlen=True)]:
         o, lse = torch.full_like(q, float("nan")), torch.full((8, sum(lengths)), float("nan"), device=device)
-        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 700, 700, causal, 128 ** -0.5, config=config)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 700, causal, 128 ** -0.5, config=config)
         assert not o[clean].isnan().any() and not lse[:, clean].isnan().any(), config.label
         err = ((o[clean].double() - ref[clean]).abs().max() / ref[clean].abs().max().clamp(min=1)).item()
         assert err <= TOL[dtype], (config.label, err)
@@ -590,6 +616,6 @@ def test_gpu_gluon_varlen_overflow_redoes_the_block(dtype):
     ref, _ = sequence_reference(q, k, v, cu, cu, True, 128 ** -0.5, None)
     for config in [c for c in PREFILL_GLUON if _gluon.takes(c, varlen=True)]:
         o, lse = torch.full_like(q, float("nan")), torch.full((4, sum(lengths)), float("nan"), device=device)
-        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 700, 700, True, 128 ** -0.5, config=config)
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 700, True, 128 ** -0.5, config=config)
         err = ((o.double() - ref).abs().max() / ref.abs().max().clamp(min=1)).item()
         assert not o.isnan().any() and err <= TOL[dtype], (config.label, err)

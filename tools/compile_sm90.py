@@ -145,9 +145,19 @@ def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dty
     q, do = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(2))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = torch.empty(B, Hq, N)
-    named, _ = gluon_bwd._dkdv_gluon_arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config,
-                                               mods)
-    return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_gluon, **named)
+    arguments = gluon_bwd._dkdv_ws_arguments if config.WARP_SPECIALIZE else gluon_bwd._dkdv_gluon_arguments
+    named, _ = arguments(q, k, v, do, torch.empty_like(k), torch.empty_like(v), m, delta, causal, D ** -0.5, config, mods)
+    return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_ws if config.WARP_SPECIALIZE else gluon_bwd._attn_bwd_dkdv_gluon, **named)
+
+
+def compile_gluon_dq(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, dlse=False):
+    "Compile the warp-specialised dQ pass in Gluon (a `gluon_dq` candidate) as the dispatcher launches it: rows' Δ and M computed first."
+    q, do, o = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(3))
+    k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
+    m = delta = lse = torch.empty(B, Hq, N)
+    named, _ = gluon_bwd._dq_ws_arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, config,
+                                          preprocess=(o, lse, torch.empty(B, Hq, N) if dlse else None))
+    return compile_for_gpu(gluon_bwd._attn_bwd_dq_ws, **named)
 
 
 def compile_gluon_varlen(config, lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, causal=True, dtype=torch.bfloat16, mods=None):
@@ -204,9 +214,12 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
+            if c.WARP_SPECIALIZE: continue                                # takes no window, softcap or ALiBi
             jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
             if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
                 jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dkdv", D, c, "every modifier")))
+    for D, table in candidates.BACKWARD_GLUON_DQ.items():
+        for c in table: jobs.append((f"backward {c.label} D={D}", ("gluon_dq", D, c, None)))   # takes no window, softcap or ALiBi
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -246,6 +259,9 @@ def compile_job(job) -> list:
         kernels = [(f"{config.label} {mask}" + (f" with {'a window' if heads == 'window' else heads}" if mods else ""),
                     compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
                    for mask in ("causal", "full")]
+    elif kind == "gluon_dq":
+        kernels = [(f"{config.label} {mask}{' with dLSE' if dlse else ''}", compile_gluon_dq(config, D=D, causal=mask == "causal", dlse=dlse))
+                   for mask in ("causal", "full") for dlse in (False, True)]
     elif kind == "gluon_modifiers":
         kernels = [(f"{config.label} {mask} with every modifier it takes",
                     gluon._compile_sm90(config, D=D, causal=mask == "causal", mods=gluon._all_mods(32, config))) for mask in ("causal", "full")]

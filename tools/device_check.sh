@@ -15,7 +15,8 @@ export JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert's templates, installed 
 status=0
 [ -n "${SKIP_NBDEV:-}" ] || { echo "== nbdev-test --flags gpu"; nbdev-test --flags gpu --do-print 2>&1 | tee "$OUT/nbdev_test_gpu.log" || status=1; }
 # PYTEST_ARGS runs one pytest command of its own, e.g. '-m "not gpu"'. Without it, the GPU tests: all but those marked
-# gpu_memory in WORKERS parallel processes sharing the GPU (pytest-xdist, carried as a wheel: wheels.sh pytest-xdist),
+# gpu_memory in WORKERS parallel processes sharing the GPU (pytest-xdist, carried as a wheel: wheels.sh pytest-xdist;
+# 8 fit an 80 GB H100, 12 ran some tests out of memory there),
 # then the gpu_memory ones alone (beside the workers they ran out of memory).
 if [ -n "${PYTEST_ARGS:-}" ]; then
   echo "== pytest ${PYTEST_ARGS}"; eval python3 -m pytest -q -rs --durations=15 "${PYTEST_ARGS}" 2>&1 | tee "$OUT/pytest_gpu.log" || status=1

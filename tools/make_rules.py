@@ -1,10 +1,11 @@
 """The sm_90 config rules (`triton_fa2/rules_sm90.json`) from the benchmark's own tuned rows in results/raw.csv.
 
-For each (kernel, head dim, dtype, causal, Lk) the benchmark measured on the GPU, the config its tuning picked; where
+For each (kernel, head dim, dtype, causal, Lk) the benchmark measured on a GPU of the family (the H200 and the H100 are
+both sm_90), the config its tuning picked; where
 several batch sizes were measured at one length, the pick most of them made (a tie: the one of the largest call).
 The file records the GPU, the versions, the commits and the dates of the rows it was made from.
 
-    python tools/make_rules.py [--raw results/raw.csv] [--gpu "NVIDIA H200"] [--out triton_fa2/rules_sm90.json]
+    python tools/make_rules.py [--raw results/raw.csv] [--gpu "NVIDIA H200" "NVIDIA H100 80GB HBM3"] [--out triton_fa2/rules_sm90.json]
 """
 import argparse, collections, csv, json, pathlib
 
@@ -32,12 +33,12 @@ def rules(rows:list) -> list:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--raw", default="results/raw.csv")
-    p.add_argument("--gpu", default="NVIDIA H200")
+    p.add_argument("--gpu", nargs="+", default=["NVIDIA H200", "NVIDIA H100 80GB HBM3"], help="the sm_90 GPUs whose rows count")
     p.add_argument("--out", default="triton_fa2/rules_sm90.json")
     a = p.parse_args(argv)
-    rows = [r for r in csv.DictReader(open(a.raw)) if r["provider"] == "triton_fa2" and r["gpu"] == a.gpu
+    rows = [r for r in csv.DictReader(open(a.raw)) if r["provider"] == "triton_fa2" and r["gpu"] in a.gpu
             and r["op"] in KERNELS and r["config"] and not r["skip_reason"]]
-    if not rows: raise SystemExit(f"no tuned triton_fa2 rows of {a.gpu} in {a.raw}")
+    if not rows: raise SystemExit(f"no tuned triton_fa2 rows of {', '.join(a.gpu)} in {a.raw}")
     meta = {c: sorted({r[c] for r in rows}) for c in ("gpu", "torch", "triton", "commit")}
     meta["date"] = [min(r["date"] for r in rows), max(r["date"] for r in rows)]
     table = dict(source=a.raw, made_by="tools/make_rules.py", **meta, rules=rules(rows))

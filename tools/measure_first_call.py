@@ -2,7 +2,7 @@
 
 Three situations, each a new Python process per shape, in this order:
   fresh      Triton's compile cache and the tuning cache both empty (a new machine or container)
-  warm       Triton's compile cache as the `fresh` processes left it; the tuning cache empty (a new process)
+  warm       both caches as the `fresh` process left them, no pick tuned (a new process on the same machine)
   tuned      a `warmup(..., tune=True)` process has run for the shape first (its time is the `tuning` row); then a new process
 Each process times `import triton_fa2`, the first call, a second call (GPU time, synchronised), and the first calls of
 two more shapes in the same process: a new length (the same kernel) and a new head dim (a kernel compiled anew).
@@ -66,8 +66,9 @@ def main(argv=None):
         shapes = [tuple(int(x) for x in s.split(",")[:4]) + (s.split(",")[4:] == ["1"],) for s in a.shape] if a.shape else SHAPES
         for shape in shapes:
             fresh_triton = str(pathlib.Path(root) / f"triton-{len(rows)}")   # empty for this shape's fresh process only
+            untuned = str(pathlib.Path(root) / f"untuned-{len(rows)}")      # the package's cache, no pick in it
             for situation, tc in (("fresh", fresh_triton), ("warm", fresh_triton)):
-                r = child(shape, tc, str(pathlib.Path(root) / f"none-{len(rows)}"))
+                r = child(shape, tc, untuned)
                 rows.append(dict(situation=situation, shape=str(shape), **r)); print(rows[-1], flush=True)
             t = child(shape, fresh_triton, tuning_cache, tune=True)
             rows.append(dict(situation="tuning", shape=str(shape), first_s=t["tuning_s"], configs=[t["config"]])); print(rows[-1], flush=True)

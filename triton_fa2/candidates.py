@@ -7,8 +7,9 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 # %% auto #0
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
            'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'VARLEN_PREFILL_SPILLS', 'BACKWARD', 'BACKWARD_GLUON',
-           'BACKWARD_GLUON_SCORE_SPILLS', 'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED',
-           'Candidate', 'fits', 'prefill_candidates', 'decode_candidates', 'backward_candidates']
+           'BACKWARD_GLUON_DQ', 'BACKWARD_GLUON_SCORE_SPILLS', 'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS',
+           'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits', 'prefill_candidates', 'decode_candidates',
+           'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -22,7 +23,7 @@ import triton
 class Candidate:
     """One launch configuration of one kernel. `kernel`: "tl" (the prefill kernel of 03), "gluon" (11; with
     `WARP_SPECIALIZE`, its warp-specialised kernel), "decode" (06, whose rows per program follow from the shape, so
-    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "gluon_dkdv" (the dK/dV pass in Gluon, 15). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
+    `BLOCK_M` is 0), "bwd_dkdv" and "bwd_dq" (the backward's two passes, 12), or "gluon_dkdv" and "gluon_dq" (the passes in Gluon, 15). `maxnreg`: a register cap per thread, or None for the compiler's choice."""
     kernel: str
     BLOCK_M: int
     BLOCK_N: int
@@ -42,6 +43,8 @@ class Candidate:
         tiles = f"{self.BLOCK_M}x{self.BLOCK_N}"
         if self.kernel == "tl": return f"{tiles} w{self.num_warps} s{self.num_stages}"
         if self.kernel.startswith("bwd"): return f"{self.kernel[4:]} {tiles} w{self.num_warps} s{self.num_stages}"
+        if self.kernel == "gluon_dkdv" and self.WARP_SPECIALIZE: return f"gluon dkdv ws {tiles} s{self.num_stages}"
+        if self.kernel == "gluon_dq": return f"gluon dq ws {tiles} s{self.num_stages}"
         if self.kernel == "gluon_dkdv": return f"gluon dkdv {tiles} w{self.num_warps} s{self.num_stages}" + (" overlap" if self.OVERLAP else "")
         if self.WARP_SPECIALIZE: return f"gluon ws {tiles} s{self.num_stages}" + (" pingpong" if self.PINGPONG else "")
         return f"gluon {tiles} w{self.num_warps} s{self.num_stages}" + (" qreg" if self.Q_IN_REGS else "") + (" psmem" if self.P_SMEM else "")
@@ -162,12 +165,20 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
     ("bwd_dq", 256, True): _BWD("bwd_dq", (128, 32, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (16, 32, 4, 1)),
 }
 # The dK/dV pass in Gluon on sm_90 (15), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
-# pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them
+# pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them. At D 128
+# the warp-specialised pass (a loading warp, two consumer warpgroups of 64 keys) is faster still (1.10–1.17× the 64×128
+# tile, `lab/data/backward_gluon_dkdv_ws_h200.log`; at D 64 it is slower) but takes no window, softcap or ALiBi
+# (`backward_candidates`)
 BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
-                  128: (Candidate("gluon_dkdv", 64, 128, 8, 2), Candidate("gluon_dkdv", 32, 64, 4, 2))}
+                  128: (Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dkdv", 64, 128, 8, 2),
+                        Candidate("gluon_dkdv", 32, 64, 4, 2))}
+# The dQ pass in Gluon on sm_90 (15), warp-specialised: BLOCK_M rows per program, a consumer warpgroup per 64 of them,
+# BLOCK_N keys per step through a ring of `num_stages` slots; no window, softcap or ALiBi
+BACKWARD_GLUON_DQ = {D: (Candidate("gluon_dq", 128, 64, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dq", 128, 64, 4, 3, WARP_SPECIALIZE=True),
+                         Candidate("gluon_dq", 128, 128, 4, 2, WARP_SPECIALIZE=True)) for D in (64, 128)}
 # The Gluon dK/dV candidates that softcap or ALiBi (14) push into heavy spills on sm_90 (`tools/compile_sm90.py`: 104–120 B
 # per thread on causal with either, 232–280 B with both, Triton 3.6 and 3.9): backwards with those take the others
-BACKWARD_GLUON_SCORE_SPILLS = frozenset({(BACKWARD_GLUON[128][0], 128)})
+BACKWARD_GLUON_SCORE_SPILLS = frozenset({(BACKWARD_GLUON[128][1], 128)})
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
@@ -179,7 +190,8 @@ VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (C
 BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, d in (
     ("bwd_dkdv", (32, 128, 4, 3), 64), ("bwd_dkdv", (32, 64, 4, 3), 128), ("bwd_dkdv", (64, 128, 8, 2), 128),
     ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))}) | {
-    (BACKWARD_GLUON[128][0], 128)}   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
+    (BACKWARD_GLUON[128][1], 128),   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
+    (BACKWARD_GLUON[128][0], 128)}   # the warp-specialised pass: 24 B on causal with Triton 3.6–3.8, yet 1.10–1.17× that tile
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
     """Shared memory one backward program needs, estimated: the tiles it keeps (K and V, or Q and dO) and `num_stages`
@@ -192,8 +204,9 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         pointers:bool,      # tiles through pointers (unaligned views, no TMA)
                         smem_limit:int,     # the device's shared memory per block
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
-                        gluon:bool=False,   # the dK/dV pass in Gluon may run (`gluon_backward.gluon_dkdv_applies`): its candidates first
+                        gluon:bool=False,   # the passes in Gluon may run (`gluon_backward.gluon_dkdv_applies`): their candidates first
                         score_mods:bool=False,   # softcap or ALiBi change the scores: not the Gluon candidates they make spill
+                        modified:bool=False,     # a window, softcap or ALiBi: not the warp-specialised Gluon passes
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
@@ -202,5 +215,8 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
     kept = [c for c in table if _backward_smem_bytes(c, block_d) <= smem_limit]
     kept = kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]
     if gluon and kernel == "bwd_dkdv" and not (pointers or varlen):
-        kept = [c for c in BACKWARD_GLUON.get(head_dim, ()) if not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)] + kept
+        kept = [c for c in BACKWARD_GLUON.get(head_dim, ()) if not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)
+                and not (modified and c.WARP_SPECIALIZE)] + kept
+    if gluon and kernel == "bwd_dq" and not (pointers or varlen or modified):
+        kept = [c for c in BACKWARD_GLUON_DQ.get(head_dim, ()) if _backward_smem_bytes(c, block_d) <= smem_limit] + kept
     return kept

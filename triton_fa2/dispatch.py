@@ -21,7 +21,7 @@ import triton
 from . import backward as _backward, forward as _forward, split_kv as _split_kv, varlen as _varlen
 from .candidates import Candidate, _max_smem, backward_candidates, decode_candidates, prefill_candidates
 from .launch import (_TRITON_KEY, _BackwardLaunch, _DecodeLaunch, _Launch, _backward_plan_key, _decode_plan_key,
-                               _keep_plan, _plan_key, bind_context, fast_launch_possible)
+                               _keep_plan, _plan_key, bind_context, fast_launch_possible, quick_launcher_builds)
 from .score_mods import _sink_gradient
 from .tuning import cache_dir, load_pick, rule_config, save_pick, say_once, tuning_requested
 from .validation import _capability
@@ -161,11 +161,16 @@ def _signature(*args) -> tuple:
 def _serialised(signature:tuple):
     """The lock for a call that may compile or choose (its signature not launched before, or tuning asked for) or runs
     in the interpreter, whose state is global; for a warm call, nothing. A cold call first waits for Triton's installation
-    hash started at import (`launch._TRITON_KEY`): Triton would otherwise compute it a second time, in parallel."""
+    hash started at import (`launch._TRITON_KEY`): Triton would otherwise compute it a second time, in parallel. While
+    the lock is held, the launchers Triton builds are compiled quickly (`launch.quick_launcher_builds`)."""
     if interpreting() or signature not in _WARM or tuning_requested():
         if _TRITON_KEY is not None: _TRITON_KEY.join()
-        return _FIRST_LAUNCH
+        return _cold_call()
     return contextlib.nullcontext()
+
+@contextlib.contextmanager
+def _cold_call():
+    with _FIRST_LAUNCH, quick_launcher_builds(): yield
 
 def _forget_launches():
     "After a pick changed: no saved launch, and no signature known to be compiled, may name the old one."
@@ -328,27 +333,32 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
         use_tma = _forward._descriptors_fit(q, k, v, do) and _forward._has_tma(q.device)
         smem = _max_smem(q.device.index) if q.is_cuda else 0
         dkdv = lambda c: _gluon_backward.launch_dkdv if c.kernel == "gluon_dkdv" else _backward.launch_dkdv
-        passes = ((1, "bwd_dq", lambda c: _backward.launch_dq(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods, (o, lse, dlse))),
+        dq_pass = lambda c: _gluon_backward.launch_dq if c.kernel == "gluon_dq" else _backward.launch_dq
+        passes = ((1, "bwd_dq", lambda c: dq_pass(c)(q, k, v, do, dq, m, delta, causal, scale, c, use_tma, mods, (o, lse, dlse))),
                   (0, "bwd_dkdv", lambda c: dkdv(c)(q, k, v, do, dk, dv, m, delta, causal, scale, c, use_tma, mods)))   # reads Δ, M
         gluon = _gluon_backward is not None and _gluon_backward.gluon_dkdv_applies(q, D, use_tma, mods, causal)
+        gluon_dq = _gluon_backward is not None and _gluon_backward.gluon_dq_applies(q, D, use_tma, mods, causal)
+        refused = lambda c: (c.kernel == "gluon_dkdv" and not gluon) or (c.kernel == "gluon_dq" and not gluon_dq)   # cannot run this call
         picks, launched, tuned = [None, None], [None, None], True
         for i, kernel, run in passes:
             pick = configs[i] if configs is not None else None
             if pick is not None:                               # a test's candidate: its failure is what the test is for
-                if pick.kernel == "gluon_dkdv" and not gluon:
-                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128")
+                if refused(pick):
+                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128"
+                                     + (", without a window, softcap or ALiBi" if pick.kernel == "gluon_dq" else ""))
                 run(pick)
                 picks[i] = pick
                 continue
             key = (kernel, D, causal, _bucket(Hq // Hkv, 1, 16), *_tune_buckets(B * Hq * Lq, Lk), use_tma, *flags, str(q.dtype),
                    str(q.device))
             pick = _PICKS.get(key)
-            if pick is None or (pick.kernel == "gluon_dkdv" and not gluon) or (key not in _TUNED and tuning_requested()):
+            if pick is None or refused(pick) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
-                pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods), run, rule)
+                pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods,
+                                                                modified=any(flags)), run, rule)
             try: launched[i] = run(pick)
             except Exception as e:
-                if pick.kernel != "gluon_dkdv": raise
+                if not pick.kernel.startswith("gluon"): raise
                 _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
                 del _PICKS[key]                                # the `tl` pass's own pick serves from now on
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem), run)
@@ -364,7 +374,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
     return tuple(picks)
 
 # %% ../nbs/94_dispatch.ipynb #7baaa96a
-def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int, causal:bool,
+def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k:int, causal:bool,
                     scale:float, config:Candidate=None, block_table=None, mods=None) -> Candidate:
     """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
     (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
@@ -406,13 +416,13 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:in
             if pick.kernel != "gluon": raise
             _gluon.disable(f"the Gluon kernel {pick.label} failed ({type(e).__name__}: {str(e)[:200]})")
             del _PICKS[key]                                 # the `tl` kernel's own pick serves from now on
-            return _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+            return _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale,
                                    block_table=block_table, mods=mods)
         _WARM.add(signature)
     return pick
 
 # %% ../nbs/94_dispatch.ipynb #a5015c0b
-def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:int, max_seqlen_k:int,
+def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k:int,
                      dq, dk, dv, causal:bool, scale:float, configs:tuple=None, mods=None, dsink=None) -> tuple:
     """Gradients of packed sequences into dq (shaped as q) and dk, dv (shaped as k, v) from do, q, k, v, o (packed),
     lse and dlse (Hq, total_q; dlse may be None). `configs`: (dK/dV candidate, dQ candidate), bypassing the choice.

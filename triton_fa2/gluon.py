@@ -462,9 +462,10 @@ def _descriptor(t:torch.Tensor, rows:int) -> TensorDescriptor:
 # Registers per thread of each ws consumer warpgroup and of the loading warp (a warpgroup's worth is reserved for it).
 # Over packed sequences the loading warp zeroes the V rows past a sequence (`_zero_rows_past`), which at 24 registers
 # spilled: it takes 40 there, the consumers 232
-_WS_REGS = {False: (240, 24), True: (232, 40)}
+_WS_CONSUMER_REGS = 240                                 # the dense launch's, and the backward's ws passes'
+_WS_REGS = {False: (_WS_CONSUMER_REGS, 24), True: (232, 40)}
 
-def _ws_maxnreg(consumer_regs:int, producer_regs:int) -> int:
+def _ws_maxnreg(consumer_regs:int, producer_regs:int=24) -> int:
     "The ws launch's registers per thread (`maxnreg`): its three warpgroups hold two consumers' and the producer's."
     return (2 * consumer_regs + producer_regs) // 3               # 2 · 240 + 24 = 2 · 232 + 40 = 3 · 168
 

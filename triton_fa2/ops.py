@@ -134,7 +134,7 @@ def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     and lse (Hq, total_q) float32 out. The score modifiers of 14 as flat arguments."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
-    _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, None, block_table,
+    _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, None, block_table,
                     _score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink))
     return out, lse
 
@@ -154,7 +154,7 @@ def _varlen_backward_impl(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k,
     dsink = _sink_grad_buffer(q, learnable_sink)
     if do.stride(-1) != 1 or 0 in do.stride(): do = do.contiguous()
     if dlse is not None: dlse = dlse.float().contiguous()
-    _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, causal, scale,
+    _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, dq, dk, dv, causal, scale,
                      mods=_score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink),
                      dsink=dsink if learnable_sink is not None else None)
     return dq, dk, dv, dsink

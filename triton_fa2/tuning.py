@@ -71,15 +71,13 @@ def cache_dir() -> pathlib.Path:
     if os.environ.get("TRITON_FA2_CACHE_DIR"): return pathlib.Path(os.environ["TRITON_FA2_CACHE_DIR"]).expanduser()
     return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "triton_fa2"
 
-_KERNEL_SOURCES = ("forward", "split_kv", "backward", "gluon", "gluon_backward", "candidates")   # what a config's speed depends on
-
 @functools.lru_cache
 def _source_hash() -> str:
-    "A hash of the kernels' source and candidate tables, as installed."
+    """A hash of the package's source as installed: every module, since a config's speed depends on the kernels, the
+    functions they call, the candidate tables and the launch code, wherever they are written."""
     h = hashlib.sha256()
-    for name in _KERNEL_SOURCES:
-        path = importlib.resources.files("triton_fa2").joinpath(f"{name}.py")
-        h.update(name.encode() + (path.read_bytes() if path.is_file() else b"missing"))
+    for path in sorted(importlib.resources.files("triton_fa2").iterdir(), key=lambda p: p.name):
+        if path.name.endswith(".py"): h.update(path.name.encode() + path.read_bytes())
     return h.hexdigest()[:16]
 
 def _namespace(device_name:str) -> str:
@@ -94,6 +92,20 @@ def _entry_path(directory:pathlib.Path, key:tuple, device_name:str) -> pathlib.P
 
 # %% ../nbs/98_tuning.ipynb #d1c68f52
 _WRITE_FAILED = []   # the first failure to write the cache, said once
+
+def _write_atomically(path:pathlib.Path, text:str):
+    "Write `text` to `path` through a temporary file and a rename: a concurrent reader sees the old file or the new one, never half."
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem + ".", suffix=".tmp", delete=False) as f:
+            tmp = f.name
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError): os.unlink(tmp)
+        raise
 
 def load_pick(key:tuple,          # the dispatcher's tuning key, without the device index
               device_name:str,    # the GPU model, e.g. 'NVIDIA H200'
@@ -125,17 +137,10 @@ def save_pick(key:tuple,           # the dispatcher's tuning key, without the de
     path = _entry_path(directory, key, device_name)
     entry = dict(key=list(key), config=label, gpu=device_name, triton=triton.__version__, source=_source_hash(),
                  timings_ms=timings_ms or {}, written=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem + ".", suffix=".tmp", delete=False) as f:
-            tmp = f.name
-            json.dump(entry, f, indent=1)
-        os.replace(tmp, path)
+        _write_atomically(path, json.dumps(entry, indent=1))
         return path
     except OSError as e:
-        if tmp is not None:
-            with contextlib.suppress(OSError): os.unlink(tmp)
         if not _WRITE_FAILED:
             _WRITE_FAILED.append(e)
             warnings.warn(f"triton_fa2: cannot write the tuning cache in {directory} ({type(e).__name__}: {e}); tuned picks "

@@ -28,14 +28,17 @@ def packed_slots(total:int, batch:int, block:int) -> int:
     """Slots per head in the list of packed sequences' blocks: ⌊total / block⌋ + batch. Sequence z's blocks start at slot
     ⌊cu[z] / block⌋ + z, and its rows span at most ⌊cu[z + 1] / block⌋ − ⌊cu[z] / block⌋ + 1 multiples of `block`, so
     each sequence has room for its ⌈length / block⌉ blocks and at most one slot to spare. `total` may exceed the last
-    offset (rows no sequence owns); the count needs no offset, so the host never waits for the device to size the grid."""
+    offset and the first offset may exceed 0 (rows no sequence owns: their slots are spare); the count needs no offset,
+    so the host never waits for the device to size the grid."""
     return total // block + batch
 
 @triton.jit
 def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr):
     """Program `pid`'s sequence, its block in that sequence, and the index the slots repeat over (the head), on a grid of
-    `packed_slots` slots per head. A block at or past its sequence's end is a spare slot: its program returns. With
-    LONGEST_FIRST (causal) the slots run backwards, so each sequence's last blocks, which see the most keys, start first."""
+    `packed_slots` slots per head. A block at or past its sequence's end is a spare slot: its program returns; so is a
+    slot before the first sequence's first one (offsets that start past row 0), given block `num_slots`, past any
+    sequence. With LONGEST_FIRST (causal) the slots run backwards, so each sequence's last blocks, which see the most
+    keys, start first."""
     slot = pid % num_slots
     if LONGEST_FIRST: slot = num_slots - 1 - slot
     z = pid * 0                                         # binary search: the last sequence whose first slot is ≤ slot
@@ -45,7 +48,8 @@ def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGES
         starts_before = tl.load(CU_SEQLENS + mid) // BLOCK + mid <= slot
         z = tl.where(starts_before, mid, z)
         end = tl.where(starts_before, end, mid)
-    return z, slot - (tl.load(CU_SEQLENS + z) // BLOCK + z), pid // num_slots
+    block = slot - (tl.load(CU_SEQLENS + z) // BLOCK + z)
+    return z, tl.where(block < 0, num_slots, block), pid // num_slots
 
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_slots", "batch"])
 def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q) float32
