@@ -423,9 +423,9 @@ def test_the_varlen_dispatch_offers_gluon_where_it_applies(monkeypatch):
         o.copy_(reference(q, k, v, cu_q, cu_k, causal, scale)[0])
     monkeypatch.setattr(_gluon, "launch_varlen", stand_in)
     alibi = ScoreMods(alibi_slopes=torch.rand(2, 4, device=device))
-    one_warpgroup = [c for c in PREFILL_GLUON if not c.WARP_SPECIALIZE]           # the ws kernel: not over packed sequences
-    for D, mods, expected in ((64, None, one_warpgroup), (128, None, one_warpgroup), (128, alibi, one_warpgroup), (32, None, []),
-                              (128, ScoreMods(window_size=(8, 0)), one_warpgroup)):
+    one_warpgroup = [c for c in PREFILL_GLUON if not c.WARP_SPECIALIZE]           # the ws kernel: D 128, not with ALiBi
+    for D, mods, expected in ((64, None, one_warpgroup), (128, None, list(PREFILL_GLUON)), (128, alibi, one_warpgroup), (32, None, []),
+                              (128, ScoreMods(window_size=(8, 0)), list(PREFILL_GLUON))):
         q, k, v, o, lse, cu = gluon_inputs([9, 20], D=D)
         dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, D ** -0.5, mods=mods)
         assert [c for c in offered[-1] if _gluon.takes(c, mods, varlen=True)] == expected, (D, mods)   # the dispatcher's filter
@@ -437,8 +437,8 @@ def test_the_varlen_dispatch_offers_gluon_where_it_applies(monkeypatch):
             with pytest.raises(ValueError, match="runs only on sm_90"):
                 dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, D ** -0.5, config=GLUON_64, mods=mods)
     q, k, v, o, lse, cu = gluon_inputs([9, 20], D=128)
-    with pytest.raises(ValueError, match="on the one-warpgroup kernel"):
-        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, 0.1, config=GLUON_WS)
+    with pytest.raises(ValueError, match="ALiBi: not the ws kernel"):
+        dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 20, True, 0.1, config=GLUON_WS, mods=alibi)
     pool = torch.randn(4, 16, 2, 128, device=device, dtype=torch.float16)           # a paged pool: the `tl` kernel alone
     table = torch.arange(4, dtype=torch.int32, device=device).view(2, 2)
     dispatch._varlen_forward(q, pool, pool, o, lse, cu, cu, 20, True, 0.1, block_table=table)
@@ -492,8 +492,12 @@ def test_the_gluon_varlen_arguments():
     dense, _ = _gluon._arguments(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v, o)), lse[None], True, 0.1, config)
     assert not dense["VARLEN"] and dense["CU_SEQLENS_Q"] is None and dense["O"] is None
     assert [n for n in _gluon.ARG_NAMES if n not in dense] == []                   # every parameter named: the saved launch
-    with pytest.raises(ValueError, match="not the ws kernel"):
-        _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, GLUON_WS, packed=(cu, cu))
+    ws, grid = _gluon._arguments(*_gluon._packed_views(q, k, v, o), lse, True, 0.1, GLUON_WS, packed=(cu, cu))
+    assert grid == (338 // 128 + len(lengths)) * 8 and ws["VARLEN"] and ws["stride_lse_h"] == 338
+    assert (ws["CONSUMER_REGS"], ws["PRODUCER_REGS"], ws["maxnreg"]) == (232, 40, 168)   # the loading warp zeroes V rows
+    assert [n for n in _gluon.WS_ARG_NAMES if n not in ws] == []
+    dense_ws, _ = _gluon._arguments(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v, o)), lse[None], True, 0.1, GLUON_WS)
+    assert not dense_ws["VARLEN"] and (dense_ws["CONSUMER_REGS"], dense_ws["PRODUCER_REGS"]) == (240, 24)
 
 
 def gluon_mods(name, Hq, batch):
@@ -549,7 +553,8 @@ def test_gpu_every_gluon_candidate_over_packed_sequences(D, dtype, causal, mods_
     scale = D ** -0.5
     o_ref, lse_ref = sequence_reference(q[:tq], k, v, cu_q, cu_k, causal, scale, mods)
     tol = {torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
-    configs = [c for c in PREFILL_GLUON if D in GLUON_HEAD_DIMS and _gluon.takes(c, mods, varlen=True)]
+    configs = [c for c in PREFILL_GLUON if D in (WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else GLUON_HEAD_DIMS)
+               and _gluon.takes(c, mods, varlen=True)]
     assert configs
     for config in configs:
         o, lse = torch.full_like(q, float("nan")), torch.full((Hq, tq + 3), float("nan"), device=device)
@@ -578,9 +583,10 @@ def test_gpu_every_gluon_candidate_over_packed_sequences(D, dtype, causal, mods_
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_gluon_varlen_keeps_a_neighbours_nan_out(dtype, causal):
-    """Two sequences' keys and values are NaN: the sequences before them, whose last key tile reaches into those rows
-    (zeroed in shared memory before P·V), come out finite and right; so does one whose blocks overflow and are redone."""
-    lengths = [100, 300, 129, 700, 64]                       # key tiles cross from the first into the second, the fourth into the fifth
+    """Two sequences' keys and values are NaN: the sequences before them, whose last key tile reaches into those rows (the
+    ws kernel's loading warp zeroes such V rows, the one-warpgroup kernel's consumer does), come out finite and right; so
+    does one whose block overflows and is redone (its redo zeroes them too)."""
+    lengths = [100, 300, 129, 700, 64]                       # tiles of 64 or 128 keys cross from 0 into 1 and from 3 into 4
     cu = offsets(lengths)
     q = torch.randn(sum(lengths), 8, 128, device=device, dtype=dtype).abs()
     k, v = (torch.randn(sum(lengths), 2, 128, device=device, dtype=dtype) for _ in range(2))

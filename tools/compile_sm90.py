@@ -168,7 +168,7 @@ def compile_gluon_varlen(config, lengths=(700, 2048, 1), Hq=32, Hkv=8, D=128, ca
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     named, _ = gluon._arguments(*gluon._packed_views(q, k, v, o), torch.empty(Hq, total), causal, D ** -0.5, config, mods,
                                 packed=(cu, cu))
-    return compile_for_gpu(gluon._attn_fwd_gluon, **named)
+    return compile_for_gpu(gluon._attn_fwd_ws if config.WARP_SPECIALIZE else gluon._attn_fwd_gluon, **named)
 
 
 def shipped():
@@ -313,12 +313,14 @@ def spill_accepted(job) -> bool:
     faster), or a score-modifier variant of a `tl` kernel (they share the plain kernels' tiles; results/score_mods.csv
     measures them), or a Gluon forward kernel with a window and every other modifier at once (with D = 128 the
     one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6), or the Gluon dK/dV pass with every modifier
-    (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or the ws kernel with a window on
-    a Triton release its Gluon kernels do not run on (`gluon.GLUON_RELEASES`; without the causal mask it spills 8 bytes on
-    Triton 3.9, none on 3.6). The Gluon forward kernels with the other modifiers, or a window alone, may not spill."""
+    (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or the ws kernel with a window or
+    over packed sequences on a Triton release its Gluon kernels do not run on (`gluon.GLUON_RELEASES`; on Triton 3.9 it
+    spills 8 bytes with a window and no causal mask, 64 over packed sequences; none on 3.6). The Gluon forward kernels
+    with the other modifiers, or a window alone, may not spill."""
     kind, D, config, heads = job
     if kind == "modifiers" or (kind == "gluon_window" and heads != "alone"): return True
-    if kind == "gluon_window" and config.WARP_SPECIALIZE and triton_release() not in gluon.GLUON_RELEASES: return True
+    if (kind in ("gluon_window", "gluon_varlen") and config.WARP_SPECIALIZE
+            and triton_release() not in gluon.GLUON_RELEASES): return True
     if kind == "gluon_dkdv": return heads == "every modifier" or (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 

@@ -379,7 +379,8 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k:in
     """Attention of packed sequences, q (total_q, Hq, D), k and v (total_k, Hkv, D), or with `block_table` (int32
     (batch, pages)) a paged pool (num_pages, page_size, Hkv, D), into o (shaped as q) and lse (Hq, total_q); returns
     the candidate launched. `config` bypasses the choice. On sm_90 the Gluon kernels are candidates too where the dense
-    call's would be (`gluon.applies`: TMA views of all four, D 64 or 128), and not over a paged pool: the one-warpgroup kernel's (`gluon.takes`)."""
+    call's would be (`gluon.applies`: TMA views of all four, D 64 or 128), and not over a paged pool; which of them take
+    the call's score modifiers is `gluon.takes`'s question."""
     bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     total_q, Hq, D = q.shape
     signature = _signature(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, block_table, causal, scale > 0, config,
@@ -397,7 +398,7 @@ def _varlen_forward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k:in
         if config is not None:                              # a test's candidate: its failure is what the test is for
             if config.kernel == "gluon" and not (gluon_ok and _gluon.takes(config, mods, varlen=True)):
                 raise ValueError(f"{config.label} runs only on sm_90 with Gluon, through TMA views of the packed rows (not a "
-                                 "paged pool), for D 64 or 128, on the one-warpgroup kernel")
+                                 "paged pool), for D 64 or 128 (ALiBi: not the ws kernel)")
             run(config)
             _WARM.add(signature)
             return config

@@ -57,15 +57,25 @@ def _wait_slot(bars, smem, index):
 def _zero_rows_past(tile, start_n, seqlen_k, NUM_WARPS: gl.constexpr = 4):
     """Packed sequences (13): zero, in shared memory, the rows of a (BLOCK_N, D) V tile of keys from `start_n` that lie
     at or past the sequence's `seqlen_k`, where the tile crosses it. Those rows are the next sequence's, or rows no
-    sequence owns, which may hold NaN: their P is 0, and 0 · NaN is NaN. 8 elements per thread at a time."""
+    sequence owns, which may hold NaN: their P is 0, and 0 · NaN is NaN. 8 elements per thread at a time; with one warp
+    (the ws kernel's loading warp, 24 registers) 8 rows, a swizzle period, by 64 columns: 16 elements per thread."""
     if start_n + tile.shape[0] > seqlen_k:
-        CHUNK: gl.constexpr = 256 // tile.shape[1] * NUM_WARPS       # the layout's rows: 8 at D = 128, 16 at 64
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // tile.shape[1], tile.shape[1] // 8], [NUM_WARPS, 1], [1, 0])
-        for c in gl.static_range(tile.shape[0] // CHUNK):
-            chunk = tile.slice(c * CHUNK, CHUNK)
-            x = chunk.load(layout)
-            keys = start_n + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
-            chunk.store(gl.where((keys < seqlen_k)[:, None], x, gl.zeros_like(x)))
+        if NUM_WARPS == 1:
+            one_warp: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+            for c in gl.static_range(tile.shape[0] // 8):
+                for h in gl.static_range(tile.shape[1] // 64):
+                    chunk = tile.slice(c * 8, 8).slice(h * 64, 64, dim=1)
+                    x = chunk.load(one_warp)
+                    keys = start_n + c * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, one_warp))
+                    chunk.store(gl.where((keys < seqlen_k)[:, None], x, gl.zeros_like(x)))
+        else:
+            CHUNK: gl.constexpr = 256 // tile.shape[1] * NUM_WARPS   # the layout's rows: 8 at D = 128, 16 at 64
+            layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // tile.shape[1], tile.shape[1] // 8], [NUM_WARPS, 1], [1, 0])
+            for c in gl.static_range(tile.shape[0] // CHUNK):
+                chunk = tile.slice(c * CHUNK, CHUNK)
+                x = chunk.load(layout)
+                keys = start_n + c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+                chunk.store(gl.where((keys < seqlen_k)[:, None], x, gl.zeros_like(x)))
         fence_async_shared()                                   # the stores, before wgmma reads the tile
 
 @gluon.jit
@@ -435,11 +445,9 @@ def applies(q, head_dim:int, use_tma:bool, pack_gqa:bool, fixed_max:bool, mods:S
 def takes(config:Candidate, mods:ScoreMods=None, varlen:bool=False) -> bool:
     """Whether a Gluon candidate runs these score modifiers (a call `applies` allows): the one-warpgroup kernel every one,
     a sliding window too; the ws kernel softcap, sinks and a window, not ALiBi (with it Triton 3.6's ptxas spilled, or
-    crashed beside softcap). Packed sequences (`varlen`, 13): the one-warpgroup kernel alone (zeroing the V rows past a
-    sequence made the ws kernel's consumers spill; zeroing them in its loading warp instead ran no faster on a serving
-    mix than this kernel)."""
+    crashed beside softcap). Both take packed sequences (`varlen`, 13): the ws kernel's loading warp zeroes the V rows
+    past a sequence, where zeroing them in its consumers made them spill."""
     if not config.WARP_SPECIALIZE: return True
-    if varlen: return False
     return mods is None or mods.alibi_slopes is None
 
 # %% ../nbs/11_gluon.ipynb #9ea9a4b7
@@ -451,12 +459,15 @@ def _shared_layout(rows:int, head_dim:int, dtype:torch.dtype):
 def _descriptor(t:torch.Tensor, rows:int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]], _shared_layout(rows, t.shape[-1], t.dtype))
 
-# Registers per thread of each ws consumer warpgroup; the loading warp keeps 24 (a warpgroup's worth is reserved for it)
-_WS_CONSUMER_REGS = 240
+# Registers per thread of each ws consumer warpgroup and of the loading warp (a warpgroup's worth is reserved for it).
+# Over packed sequences the loading warp zeroes the V rows past a sequence (`_zero_rows_past`), which at 24 registers
+# spilled: it takes 40 there, the consumers 232
+_WS_CONSUMER_REGS = 240                                 # the dense launch's, and the backward's ws passes'
+_WS_REGS = {False: (_WS_CONSUMER_REGS, 24), True: (232, 40)}
 
-def _ws_maxnreg(consumer_regs:int) -> int:
-    "The ws launch's registers per thread (`maxnreg`): its three warpgroups hold two consumers' and the producer's 24."
-    return (2 * consumer_regs + 24) // 3                          # 2 · 240 + 24 = 3 · 168
+def _ws_maxnreg(consumer_regs:int, producer_regs:int=24) -> int:
+    "The ws launch's registers per thread (`maxnreg`): its three warpgroups hold two consumers' and the producer's."
+    return (2 * consumer_regs + producer_regs) // 3               # 2 · 240 + 24 = 2 · 232 + 40 = 3 · 168
 
 def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None, packed:tuple=None) -> tuple:
     """The kernel's arguments by name (and the launch's `maxnreg` for the ws kernel), and the grid's size: a program per
@@ -478,18 +489,17 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
                  stride_slopes_z=stride_slopes_z, SINKS=sinks, window_left=window_left, window_right=window_right, HEAD_DIM=D,
                  CAUSAL=causal, WINDOW=window, **flags)
     if packed is None:
-        if not config.WARP_SPECIALIZE:
-            named.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_om=None, stride_oh=None, stride_lse_h=None, VARLEN=False)
+        named.update(CU_SEQLENS_Q=None, CU_SEQLENS_K=None, O=None, stride_om=None, stride_oh=None, stride_lse_h=None, VARLEN=False)
         blocks, programs = triton.cdiv(Lq, config.BLOCK_M), B * Hq
     else:
-        if config.WARP_SPECIALIZE: raise ValueError("packed sequences run on the one-warpgroup Gluon kernel, not the ws kernel")
         cu_seqlens_q, cu_seqlens_k = packed
         named.update(CU_SEQLENS_Q=cu_seqlens_q, CU_SEQLENS_K=cu_seqlens_k, O=o, stride_om=o.stride(2),
                      stride_oh=o.stride(1), stride_lse_h=lse.stride(0), VARLEN=True)
         blocks, programs = packed_slots(Lq, cu_seqlens_q.numel() - 1, config.BLOCK_M), Hq   # the kernel finds the batch from it
     if config.WARP_SPECIALIZE:
-        named.update(BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, PINGPONG=config.PINGPONG, CONSUMER_REGS=_WS_CONSUMER_REGS,
-                     num_warps=config.num_warps, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
+        consumer_regs, producer_regs = _WS_REGS[packed is not None]
+        named.update(BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, PINGPONG=config.PINGPONG, CONSUMER_REGS=consumer_regs,
+                     PRODUCER_REGS=producer_regs, num_warps=config.num_warps, maxnreg=_ws_maxnreg(consumer_regs, producer_regs))
     else: named.update(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, Q_IN_REGS=config.Q_IN_REGS,
                        P_SMEM=config.P_SMEM, num_warps=config.num_warps)
     return named, blocks * programs
@@ -512,12 +522,12 @@ def launch_varlen(q, k, v, o, lse,                # q, o (total_q, Hq, D); k, v 
                   cu_seqlens_q, cu_seqlens_k,     # int32 (batch + 1,) on q's device
                   causal:bool, scale:float, config:Candidate, mods:ScoreMods=None):
     """Run the kernel over packed sequences (13), each with its own lengths and bottom-right causal mask, into o and lse;
-    their (1, H, total, D) views must suit TMA (the dispatcher checks, as `applies` for the dense call). The one-warpgroup
-    kernel only (`takes`). Rows that no sequence owns are left as they were. Returns the compiled kernel, or None where
-    there is nothing to run."""
+    their (1, H, total, D) views must suit TMA (the dispatcher checks, as `applies` for the dense call). Either kernel
+    (`takes`). Rows that no sequence owns are left as they were. Returns the compiled kernel, or None where there is
+    nothing to run."""
     if cu_seqlens_q.numel() < 2 or q.shape[0] == 0: return None
     named, grid = _arguments(*_packed_views(q, k, v, o), lse, causal, scale, config, mods, packed=(cu_seqlens_q, cu_seqlens_k))
-    return _attn_fwd_gluon[(grid,)](**named)
+    return (_attn_fwd_ws if config.WARP_SPECIALIZE else _attn_fwd_gluon)[(grid,)](**named)
 
 # %% ../nbs/11_gluon.ipynb #6ff41aad
 _SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4})\*/\s*(.*?)\s*;")
@@ -594,31 +604,50 @@ def sm90_reports(configs, D:int=128, causal:bool=True, dtype:torch.dtype=torch.b
 
 # %% ../nbs/11_gluon.ipynb #12683ec5
 @gluon.jit
-def _ws_block(seqlen_q, seqlen_k, num_heads, group_size, window_left, window_right, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
+def _ws_block(seqlen_q, seqlen_k, num_heads, group_size, window_left, window_right, CU_SEQLENS_Q, CU_SEQLENS_K,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False,
+              WINDOW: gl.constexpr = False, VARLEN: gl.constexpr = False):
     """This program's block of rows, as `_attn_fwd_gluon` orders the grid (a head's row blocks together, the ones that see
-    the most keys first when causal): where it is (batch, head, KV head, their row of LSE, first row), and its tile plan
-    (`_key_plan`, or `_window_plan` with WINDOW: the masked run's tiles, its first key, all loads, the first masked key,
-    the last key, the first key of the fixed run and the window's left edge, both 0 without a window)."""
-    start_m, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_q, BLOCK_M), CAUSAL)
-    off_z = off_zh // num_heads
-    off_h = off_zh % num_heads
+    the most keys first when causal): where it is (batch, head, KV head, their row of LSE, first row; the views' batch
+    index and the rows where its sequence's queries and keys start, 0 but for packed sequences), its lengths (with
+    VARLEN its sequence's, from cu_seqlens, as in `_attn_fwd_gluon`), and its tile plan (`_key_plan`, or `_window_plan`
+    with WINDOW: the masked run's tiles, its first key, all loads, the first masked key, the last key, the first key of
+    the fixed run and the window's left edge, both 0 without a window)."""
+    q_start = 0
+    k_start = 0
+    if VARLEN:   # a slot of the sequences' block list (13); its sequence's rows from its start in the (1, H, total, D) views
+        num_slots = gl.num_programs(0) // num_heads
+        off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, gl.program_id(0), num_slots, num_slots - seqlen_q // BLOCK_M,
+                                              BLOCK_M, CAUSAL)
+        q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
+        k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
+        off_zh = off_z * num_heads + off_h
+        view_z = 0
+    else:
+        start_m, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_q, BLOCK_M), CAUSAL)
+        off_z = off_zh // num_heads
+        off_h = off_zh % num_heads
+        view_z = off_z
     off_hkv = off_h // group_size
     first_pos = start_m * BLOCK_M
     end, full_end, online_lo, n_online, n_fixed, fixed_lo, full_lo = _block_plan(
         first_pos, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
         ALIBI=ALIBI, WINDOW=WINDOW)
-    return (off_z, off_h, off_hkv, off_zh, first_pos), (n_online, online_lo, n_online + n_fixed, full_end, end, fixed_lo, full_lo)
+    return ((off_z, off_h, off_hkv, off_zh, first_pos, view_z, q_start, k_start), (seqlen_q, seqlen_k),
+            (n_online, online_lo, n_online + n_fixed, full_end, end, fixed_lo, full_lo))
 
 
 @gluon.jit
-def _ws_producer(descs, smem, bars, block, plan):
+def _ws_producer(descs, smem, bars, block, lens, plan, VARLEN: gl.constexpr):
     """The loading warp: both consumers' Q tiles, then every K and V tile of the block in the order the consumers read
-    them (`_load_row`), each into its ring slot once both consumers have released the slot's previous tile."""
+    them (`_load_row`), each into its ring slot once both consumers have released the slot's previous tile. With VARLEN
+    the V tile a sequence ends in lands on `fix_bar` first, this warp zeroes its rows past the end (the next sequence's:
+    P is 0 there, but 0 · NaN is NaN; `_zero_rows_past`), and only then announces it to the consumers, by an arrival."""
     q_desc, k_desc, v_desc, o_desc, LSE = descs
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars = bars
-    off_z, off_h, off_hkv, off_zh, first_pos = block
+    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, fix_bar = bars
+    off_z, off_h, off_hkv, off_zh, first_pos, view_z, q_start, k_start = block
+    seqlen_q, seqlen_k = lens
     n_online, online_lo, n_loads, full_end, end, fixed_lo, full_lo = plan
     stages: gl.constexpr = k_smem.shape[0]
     rows: gl.constexpr = q_smem.shape[3]
@@ -626,17 +655,26 @@ def _ws_producer(descs, smem, bars, block, plan):
     consumers: gl.constexpr = q_smem.shape[0]
     for c in gl.static_range(consumers):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [off_z, off_h, first_pos + c * rows, 0], q_bars.index(c), q_smem.index(c))
+        _tma_load(q_desc, [view_z, off_h, q_start + first_pos + c * rows, 0], q_bars.index(c), q_smem.index(c))
     for t in range(n_loads):
         slot = t % stages
         phase = (t // stages) & 1
         row = _load_row(t, n_online, online_lo, BLOCK_N=BLOCK_N, fixed_lo=fixed_lo)
         mbarrier.wait(k_empty.index(slot), phase ^ 1)             # a fresh barrier counts as its phase 1 done
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [off_z, off_hkv, row, 0], k_ready.index(slot), k_smem.index(slot))
+        _tma_load(k_desc, [view_z, off_hkv, k_start + row, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase ^ 1)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [off_z, off_hkv, row, 0], v_ready.index(slot), v_smem.index(slot))
+        crosses = False
+        if VARLEN: crosses = row + BLOCK_N > seqlen_k                 # at most one tile a block: fix_bar's phase 0
+        if crosses:
+            mbarrier.expect(fix_bar, v_desc.block_type.nbytes)
+            _tma_load(v_desc, [view_z, off_hkv, k_start + row, 0], fix_bar, v_smem.index(slot))
+            mbarrier.wait(fix_bar, 0)
+            _zero_rows_past(v_smem.index(slot).reshape([BLOCK_N, v_smem.shape[4]]), row, seqlen_k, NUM_WARPS=1)
+            mbarrier.arrive(v_ready.index(slot), count=1)
+        else:
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [view_z, off_hkv, k_start + row, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
@@ -658,7 +696,7 @@ def _ws_products(me: gl.constexpr, t, q, acc, s_zero, smem, bars, PINGPONG: gl.c
     """The first half of a consumer's iteration t: in its turn, issue QKᵀ(t+1), then PV(t) reading P(t) from its
     shared-memory slot t mod 2; wait for QKᵀ(t+1) alone and release its K slot. Returns S(t+1) and PV(t), still running."""
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars = bars
+    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, fix_bar = bars
     _take_turn(turn_bars, me, t + 1, PINGPONG=PINGPONG)
     k = _wait_slot(k_ready, k_smem, t + 1)
     s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -674,7 +712,7 @@ def _ws_retire(me: gl.constexpr, t, p, acc_tok, smem, bars):
     """The second half, after softmax(t+1): P(t+1) into the other P slot (PV(t−1), its last reader, is retired), then wait
     for PV(t) and release its V slot. Returns O's accumulator."""
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars = bars
+    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, fix_bar = bars
     p_smem.index(me * 2 + (t + 1) % 2).store(p.to(p_smem.dtype))
     fence_async_shared()
     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
@@ -683,18 +721,21 @@ def _ws_retire(me: gl.constexpr, t, p, acc_tok, smem, bars):
 
 
 @gluon.jit
-def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, window_sides,
+def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, lens, plan, qk_scale, mods, window_sides, packed_out,
                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINK: gl.constexpr,
-                 WINDOW: gl.constexpr):
+                 WINDOW: gl.constexpr, VARLEN: gl.constexpr):
     """Consumer warpgroup `me` of the block: rows first_pos + 64·me …, every K/V tile the producer loads, PV(t) under
     softmax(t+1). The masked run online; then each row's maximum from it fixed for the unmasked tiles, and, if P
     overflowed, the block redone online (own loads into ring slot `me` once both consumers are done with the rings).
     O leaves through Q's tile. `mods`: the score modifiers' arguments, as `_mods_start` takes them; with WINDOW,
-    `window_sides` = (window_left, window_right), and the plan's tiles are the window's (`_window_plan`)."""
+    `window_sides` = (window_left, window_right), and the plan's tiles are the window's (`_window_plan`). With VARLEN,
+    `packed_out` = (O, stride_om, stride_oh, stride_lse_h) of the packed rows, which O leaves by a masked store (the next
+    sequence's rows follow this one's), and a redo zeroes its V tiles' rows past the sequence itself."""
     q_desc, k_desc, v_desc, o_desc, LSE = descs
     q_smem, k_smem, v_smem, p_smem = smem
-    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars = bars
-    off_z, off_h, off_hkv, off_zh, first_pos = block
+    q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, fix_bar = bars
+    off_z, off_h, off_hkv, off_zh, first_pos, view_z, q_start, k_start = block
+    seqlen_q, seqlen_k = lens
     n_online, online_lo, n_loads, full_end, end, fixed_lo, full_lo = plan
     window_left, window_right = window_sides
     window = (full_lo, window_left, window_right)
@@ -752,6 +793,7 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
         mbarrier.arrive(v_empty.index(t_last % v_smem.shape[0]), count=1)
     mbarrier.arrive(done_bar, count=1)                                 # this consumer is done with the rings
     finite = (l_i < float("inf")) & (gl.convert_layout(gl.sum(gl.abs(acc), 1), rows_s) < float("inf"))
+    if VARLEN: finite = finite | (offs_m >= seqlen_q)   # rows past the sequence's end hold the next one's queries
     if gl.min(finite.to(gl.int32), 0) == 0:
         mbarrier.wait(done_bar, 0)                                     # … and so is the other: slot `me` is free
         bar = redo_bars.index(me)
@@ -763,9 +805,10 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
         for t in range(0, gl.cdiv(end - fixed_lo, BLOCK_N)):           # one slot, load then compute: slow, and rare
             start_n = fixed_lo + t * BLOCK_N                           # from key 0, or the window's first tile
             mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            _tma_load(k_desc, [off_z, off_hkv, start_n, 0], bar, k_smem.index(me))
-            _tma_load(v_desc, [off_z, off_hkv, start_n, 0], bar, v_smem.index(me))
+            _tma_load(k_desc, [view_z, off_hkv, k_start + start_n, 0], bar, k_smem.index(me))
+            _tma_load(v_desc, [view_z, off_hkv, k_start + start_n, 0], bar, v_smem.index(me))
             mbarrier.wait(bar, t & 1)
+            if VARLEN: _zero_rows_past(v, start_n, seqlen_k)
             s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offset,
                                                qk_scale, logit_mods, CAUSAL=CAUSAL, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
@@ -774,30 +817,39 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, plan, seqlen_q, seq
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc, p16 = warpgroup_mma_wait(0, deps=(warpgroup_mma(p16, v, warpgroup_mma_init(acc), is_async=True), p16))
     o, lse = _epilogue(acc, l_i, m_i, rows_o)
-    gl.store(LSE + off_zh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
-    o_smem = q_smem.index(me)                                          # Q's tile, no longer read
-    o_smem.reshape([rows, HEAD_DIM]).store(o.to(dtype))
-    fence_async_shared()
-    _tma_store(o_desc, [off_z, off_h, first_pos + me * rows, 0], o_smem)
-    tma.store_wait(0)
+    if VARLEN:   # the sequence's rows only: the next sequence's follow them
+        O, stride_om, stride_oh, stride_lse_h = packed_out
+        gl.store(LSE + off_h.to(gl.int64) * stride_lse_h + q_start + offs_m, lse, mask=offs_m < seqlen_q)
+        _store_rows(O + off_h.to(gl.int64) * stride_oh, o.to(dtype), q_start, first_pos + me * rows, seqlen_q, stride_om)
+    else:
+        gl.store(LSE + off_zh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+        o_smem = q_smem.index(me)                                      # Q's tile, no longer read
+        o_smem.reshape([rows, HEAD_DIM]).store(o.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [off_z, off_h, first_pos + me * rows, 0], o_smem)
+        tma.store_wait(0)
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size", "stride_slopes_z", "window_left",
-                              "window_right"])
+                              "window_right", "stride_lse_h"])
 def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_heads, group_size, qk_scale,
                  softcap_scale, softcap_log2, SLOPES, stride_slopes_z, SINKS,   # 14's modifiers, as `_attn_fwd_gluon`'s
                  window_left, window_right,
+                 CU_SEQLENS_Q, CU_SEQLENS_K, O, stride_om, stride_oh, stride_lse_h,   # packed sequences, as `_attn_fwd_gluon`'s
                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                 PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False,
-                 WINDOW: gl.constexpr = False):
+                 WINDOW: gl.constexpr = False, VARLEN: gl.constexpr = False):
     consumers: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
     rows: gl.constexpr = q_desc.block_type.shape[2]                  # one consumer's rows: 64
     gl.static_assert(STAGES >= consumers, "a redo loads into ring slot `me`: one slot per consumer")
     gl.static_assert(not ALIBI, "ALiBi runs in `_attn_fwd_gluon` (`takes`)")
-    block, plan = _ws_block(seqlen_q, seqlen_k, num_heads, group_size, window_left, window_right, BLOCK_M=consumers * rows,
-                            BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, ALIBI=ALIBI, WINDOW=WINDOW)
+    block, lens, plan = _ws_block(seqlen_q, seqlen_k, num_heads, group_size, window_left, window_right, CU_SEQLENS_Q,
+                                  CU_SEQLENS_K, BLOCK_M=consumers * rows, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, ALIBI=ALIBI,
+                                  WINDOW=WINDOW, VARLEN=VARLEN)
+    if VARLEN:
+        if block[4] >= lens[0]: return                  # a spare slot
 
     q_smem = gl.allocate_shared_memory(dtype, [consumers, 1, 1, rows, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -808,6 +860,10 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     redo_bars = gl.allocate_shared_memory(gl.int64, [consumers, 1], mbarrier.MBarrierLayout())
     done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(done_bar, count=consumers)          # both consumers done with the rings (the redo's cue)
+    fix_bar = done_bar                                # (the dense launch never waits on it)
+    if VARLEN:                                        # packed sequences: the V tile a sequence ends in, before its zeroing
+        fix_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(fix_bar, count=1)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -826,14 +882,15 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     # constexprs into tensors, so those are written out in each call)
     descs = (q_desc, k_desc, v_desc, o_desc, LSE)
     smem = (q_smem, k_smem, v_smem, p_smem)
-    bars = (q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars)
+    bars = (q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, fix_bar)
     mods = (softcap_scale, softcap_log2, SLOPES, stride_slopes_z, SINKS)
     sides = (window_left, window_right)
-    gl.warp_specialize([(_ws_consumer, (0, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, sides, CAUSAL,
-                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW)),
-                        (_ws_consumer, (1, descs, smem, bars, block, plan, seqlen_q, seqlen_k, qk_scale, mods, sides, CAUSAL,
-                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW)),
-                        (_ws_producer, (descs, smem, bars, block, plan))],
-                       [4, 1], [CONSUMER_REGS, 24])
+    packed_out = (O, stride_om, stride_oh, stride_lse_h)
+    gl.warp_specialize([(_ws_consumer, (0, descs, smem, bars, block, lens, plan, qk_scale, mods, sides, packed_out, CAUSAL,
+                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW, VARLEN)),
+                        (_ws_consumer, (1, descs, smem, bars, block, lens, plan, qk_scale, mods, sides, packed_out, CAUSAL,
+                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW, VARLEN)),
+                        (_ws_producer, (descs, smem, bars, block, lens, plan, VARLEN))],
+                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 WS_ARG_NAMES = list(inspect.signature(_attn_fwd_ws.fn).parameters)
