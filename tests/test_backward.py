@@ -297,18 +297,23 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
     monkeypatch.setattr(candidates_module, "interpreting", lambda: False)
     for D in BACKWARD_GLUON:
         plain = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)
-        scored = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, modified=True)
+        softcapped = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, modified=True)
+        alibi = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True)
         windowed = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, modified=True)
-        assert [c for c in plain if c not in scored] == [c for c in BACKWARD_GLUON[D]
-                                                         if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
+        assert [c for c in plain if c not in softcapped] == [c for c in BACKWARD_GLUON[D]
+                                                             if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
+        assert [c for c in plain if c not in alibi] == [c for c in BACKWARD_GLUON[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
         assert [c for c in plain if c not in windowed] == [c for c in BACKWARD_GLUON[D] if c.WARP_SPECIALIZE]
-        assert any(c.kernel == "gluon_dkdv" for c in scored)           # every head dim keeps a Gluon tile
-    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass refuses every modifier but a sink
-    for name in ("window", "softcap", "alibi"):
-        with pytest.raises(ValueError, match="takes no window, softcap or ALiBi"):
+        assert any(c.kernel == "gluon_dkdv" for c in softcapped)       # every head dim keeps a Gluon tile
+    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: ALiBi and sinks only
+    for name in ("window", "softcap", "all"):
+        with pytest.raises(ValueError, match="takes no window or softcap"):
             gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])
     named, grid = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, True, 0.125, ws, every["sink"])
     assert grid == 1 and named["group_size"] == 2 and named["maxnreg"] == gluon_bwd._ws_maxnreg(named["CONSUMER_REGS"])
+    assert not named["ALIBI"]
+    named, _ = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, False, 0.125, ws, every["alibi"])
+    assert named["ALIBI"] and named["SLOPES"] is every["alibi"].alibi_slopes and named["stride_slopes_z"] == 0
 
 
 def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
@@ -328,7 +333,7 @@ GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 
 def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
     """Every Gluon dK/dV candidate that takes them with a window (reaching back past a block, narrower than one, on both
     sides), softcap, ALiBi per head and per batch row, and all of them with a sink, causal and not, Lq ≠ Lk both ways and
-    GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one)."""
+    GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one). The warp-specialised pass: ALiBi."""
     from test_score_mods import grads_ref, mods_for
     from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS
     dq_pass = BACKWARD[("bwd_dq", D, False)][0]
@@ -344,7 +349,8 @@ def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
         refs = grads_ref(q, k, v, do, causal, mods)[:3]
         scored = "softcap" in variant or "alibi" in variant
         for c in BACKWARD_GLUON[D]:
-            if (scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS) or c.WARP_SPECIALIZE: continue   # plain only: `test_gpu_gluon_dkdv`
+            if scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
+            if c.WARP_SPECIALIZE and set(variant) != {"alibi"}: continue   # ALiBi alone, else plain: `test_gpu_gluon_dkdv`
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(c, dq_pass), mods=mods)
             check_grads(grads, refs, dtype)
@@ -405,6 +411,30 @@ def test_gpu_gluon_dq(D, dtype):
     refs = attention_backward_ref(q, k, v, do, causal=True)
     for c in BACKWARD_GLUON_DQ[D]:
         check_grads(poisoned_backward(q, k, v, do, True, configs=(dkdv_pass, c)), refs, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", sorted(BACKWARD_GLUON_DQ))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_dq_with_alibi(D, dtype):
+    """Every Gluon dQ candidate ALiBi does not make spill, with slopes per head and per batch row, causal and not, Lq ≠ Lk
+    both ways and GQA, against float64 autograd (its one modifier; the dK/dV pass: the `tl` one)."""
+    from test_score_mods import grads_ref, mods_for
+    from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS
+    dkdv_pass = BACKWARD[("bwd_dkdv", D, False)][0]
+    for (B, Hq, Hkv, Lq, Lk, causal), alibi in itertools.product(GLUON_DKDV_CASES[:3] + GLUON_DKDV_CASES[4:5],
+                                                                  ["per head", "per batch row"]):
+        q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
+        k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
+        mods = mods_for(Hq, B, alibi=alibi)
+        o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device)
+        _attention_forward(q, k, v, o, lse, causal, D ** -0.5, mods=mods)
+        refs = grads_ref(q, k, v, do, causal, mods)[:3]
+        for c in BACKWARD_GLUON_DQ[D]:
+            if (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
+            grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+            _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(dkdv_pass, c), mods=mods)
+            check_grads(grads, refs, dtype)
 
 
 @pytest.mark.gpu

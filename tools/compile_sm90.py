@@ -150,12 +150,13 @@ def compile_gluon_dkdv(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dty
     return compile_for_gpu(gluon_bwd._attn_bwd_dkdv_ws if config.WARP_SPECIALIZE else gluon_bwd._attn_bwd_dkdv_gluon, **named)
 
 
-def compile_gluon_dq(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, dlse=False):
-    "Compile the warp-specialised dQ pass in Gluon (a `gluon_dq` candidate) as the dispatcher launches it: rows' Δ and M computed first."
+def compile_gluon_dq(config, B=2, Hq=8, Hkv=2, N=2048, D=128, causal=True, dtype=torch.bfloat16, dlse=False, mods=None):
+    """Compile the warp-specialised dQ pass in Gluon (a `gluon_dq` candidate) as the dispatcher launches it: rows' Δ and M
+    computed first (`mods`: ALiBi, the one modifier of 14 it takes)."""
     q, do, o = (torch.empty(B, Hq, N, D, dtype=dtype) for _ in range(3))
     k, v = (torch.empty(B, Hkv, N, D, dtype=dtype) for _ in range(2))
     m = delta = lse = torch.empty(B, Hq, N)
-    named, _ = gluon_bwd._dq_ws_arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, config,
+    named, _ = gluon_bwd._dq_ws_arguments(q, k, v, do, torch.empty_like(q), m, delta, causal, D ** -0.5, config, mods,
                                           preprocess=(o, lse, torch.empty(B, Hq, N) if dlse else None))
     return compile_for_gpu(gluon_bwd._attn_bwd_dq_ws, **named)
 
@@ -214,12 +215,16 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
-            if c.WARP_SPECIALIZE: continue                                # takes no window, softcap or ALiBi
+            if c.WARP_SPECIALIZE:                                         # takes ALiBi, no window or softcap
+                jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dkdv", D, c, "alibi")))
+                continue
             jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
             if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
                 jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dkdv", D, c, "every modifier")))
     for D, table in candidates.BACKWARD_GLUON_DQ.items():
-        for c in table: jobs.append((f"backward {c.label} D={D}", ("gluon_dq", D, c, None)))   # takes no window, softcap or ALiBi
+        for c in table:                                                   # takes ALiBi, no window or softcap
+            jobs.append((f"backward {c.label} D={D}", ("gluon_dq", D, c, None)))
+            jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dq", D, c, "alibi")))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -255,9 +260,12 @@ def compile_job(job) -> list:
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     elif kind == "gluon_dkdv":
-        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True)}.get(heads)
+        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True), "alibi": ALIBI_ALONE}.get(heads)
         kernels = [(f"{config.label} {mask}" + (f" with {'a window' if heads == 'window' else heads}" if mods else ""),
                     compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
+                   for mask in ("causal", "full")]
+    elif kind == "gluon_dq" and heads == "alibi":
+        kernels = [(f"{config.label} {mask} with ALiBi", compile_gluon_dq(config, D=D, causal=mask == "causal", mods=ALIBI_ALONE))
                    for mask in ("causal", "full")]
     elif kind == "gluon_dq":
         kernels = [(f"{config.label} {mask}{' with dLSE' if dlse else ''}", compile_gluon_dq(config, D=D, causal=mask == "causal", dlse=dlse))
@@ -280,6 +288,7 @@ def compile_job(job) -> list:
 
 
 WINDOW_ALONE = fwd.ScoreMods(window_size=(4095, 0))
+ALIBI_ALONE = fwd.ScoreMods(alibi_slopes=torch.empty(8))   # per head, as compile_gluon_dkdv's and compile_gluon_dq's Hq
 
 
 MODIFIER_JOBS = {   # one config each, the smallest tiles of each table (what a first call without tuning may run)

@@ -183,7 +183,7 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
     exp2 per score without the modifiers; with them the logit is `_score_mod`'s, as in the masked run. With WINDOW the
     tiles of the window's left edge (below `window`'s full_lo) are masked, as `_softmax_tile` masks them."""
     softcap_scale, softcap_log2, slope_log2 = logit_mods
-    qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, ALIBI,
+    qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, False,
                     EXACT_TANH)
     if WINDOW:
         full_lo, window_left, window_right = window
@@ -191,6 +191,11 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
             visible = _visible(offs_m[:, None], (start_n + offs_n)[None, :], seqlen_k, offset, window_left, window_right,
                                CAUSAL, True)
             qk = gl.where(visible, qk, float("-inf"))
+    if ALIBI:   # every key of an unmasked tile lies at or before each row's own position (the plans), so |p − j| = p − j,
+        # and −slope·(p − j) = slope·(j − start_n) − slope·(p − start_n): one FMA on the tile's key offsets, the rows' part
+        # folded into their fixed maximum (no distance, absolute value or conversion per score)
+        rows_part = (slope_log2 * (offs_m + offset - start_n).to(gl.float32))[:, None] + m_fixed
+        return gl.exp2(qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part))
     return gl.exp2(qk - m_fixed)
 
 # %% ../nbs/11_gluon.ipynb #d0e2059e

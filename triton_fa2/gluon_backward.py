@@ -275,6 +275,20 @@ def _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtyp
     return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout((p * dp).to(dtype), a_layout)
 
 @gluon.jit
+def _alibi_start(zero, m, slope, pos, keys, left, ROWS_FIRST: gl.constexpr):
+    """−m − slope·|p − j| over a tile shaped and laid out as `zero`: rows × keys with ROWS_FIRST, else keys × rows (the
+    dK/dV pass's Sᵀ). `pos`: each row's position p less the tile's first key; `keys`: each key's j less it (float32,
+    exact below 2²⁴, as 14's `_score_mod`). Where `left` (an unmasked causal step: every key at or before every row's
+    position) |p − j| = p − j, and the bias is slope·j − slope·p: one operation a score, no distance or absolute value."""
+    if ROWS_FIRST:
+        if left: start = (slope * keys)[None, :] - (m + slope * pos)[:, None]
+        else: start = zero - m[:, None] - slope * gl.abs(pos[:, None] - keys[None, :])
+    else:
+        if left: start = (slope * keys)[:, None] - (m + slope * pos)[None, :]
+        else: start = zero - m[None, :] - slope * gl.abs(pos[None, :] - keys[:, None])
+    return start
+
+@gluon.jit
 def _dkdv_ws_producer(descs, smem, bars, where):
     "The loading warp: each consumer's K and V once, then every step's Q and dO into the ring once both consumers released the slot."
     q_desc, k_desc, v_desc, do_desc = descs
@@ -295,10 +309,10 @@ def _dkdv_ws_producer(descs, smem, bars, where):
 
 @gluon.jit
 def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
-                      stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                      CAUSAL: gl.constexpr):
-    """Consumer warpgroup `me`: keys first_key + 64·me …, every step's rows: Sᵀ and dPᵀ (started from −M / scale and −Δ),
-    P and dS, then dV and dK."""
+                      stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, alibi,
+                      CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False):
+    """Consumer warpgroup `me`: keys first_key + 64·me …, every step's rows: Sᵀ and dPᵀ (started from −M / scale and −Δ,
+    and with ALIBI the bias over scale: `alibi` = (SLOPES, stride_slopes_z)), P and dS, then dV and dK."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_smem, do_smem = smem
     kv_bars, ready, empty = bars
@@ -318,6 +332,7 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    keys_from0 = gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout)).to(gl.float32)   # each key's place after keys0
     mbarrier.wait(kv_bars.index(me), 0)
     k = k_smem.index(me).reshape([KEYS, HEAD_DIM])
     v = v_smem.index(me).reshape([KEYS, HEAD_DIM])
@@ -325,7 +340,12 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
         slot = t % stages
         h, start_m = _step_rows(t, per_head, lo, head0, BLOCK_M=BLOCK_M)
         m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
-        s_start = s_zero - (m * (1.0 / qk_scale))[None, :]
+        if ALIBI:   # −slope·|p − j| / scale joins −M / scale in the start: P = 2^(scale·S − slope·|p − j| − M) as before
+            SLOPES, stride_slopes_z = alibi
+            slope = gl.load(SLOPES + off_z * stride_slopes_z + h) * (1.4426950408889634 / qk_scale)   # log2 e, over scale
+            s_start = _alibi_start(s_zero, m * (1.0 / qk_scale), slope, (rows + offset - keys0).to(gl.float32), keys_from0,
+                                   CAUSAL and start_m >= full_lo, 0)
+        else: s_start = s_zero - (m * (1.0 / qk_scale))[None, :]
         dp_start = s_zero - delta[None, :]
         mbarrier.wait(ready.index(slot), (t // stages) & 1)
         q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
@@ -369,8 +389,9 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
                       DK, DV, M, DELTA,                   # dk, dv (B, Hkv, Lk, D) any strides; m, delta (B, Hq, Lq)
                       stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                       num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
+                      SLOPES, stride_slopes_z,            # with ALIBI: float32 slopes (B or 1, Hq)
                       HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, ALIBI: gl.constexpr = False):
     """`_attn_bwd_dkdv_gluon`'s program (128 keys of a batch and KV head, its group's query heads summed, the same row
     bounds) as a loading warp and two consumer warpgroups of 64 keys."""
     dtype: gl.constexpr = q_desc.dtype
@@ -395,30 +416,33 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     where = (off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0)
     gl.warp_specialize([(_dkdv_ws_consumer, (0, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             CAUSAL)),
+                                             (SLOPES, stride_slopes_z), CAUSAL, ALIBI)),
                         (_dkdv_ws_consumer, (1, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             CAUSAL)),
+                                             (SLOPES, stride_slopes_z), CAUSAL, ALIBI)),
                         (_dkdv_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
 # %% ../nbs/15_gluon_backward.ipynb #9042c70e
 def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
     "`_attn_bwd_dkdv_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 keys."
-    if any(_backward_mod_flags(mods, causal).values()):
-        raise ValueError(f"{candidate.label} takes no window, softcap or ALiBi: `_attn_bwd_dkdv_gluon` does")
+    flags = _backward_mod_flags(mods, causal)
+    if flags["WINDOW"] or flags["SOFTCAP"]:
+        raise ValueError(f"{candidate.label} takes no window or softcap: `_attn_bwd_dkdv_gluon` does")
     if candidate.BLOCK_N != 128 or candidate.num_warps != 4:
         raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 keys (BLOCK_N 128, 4 warps each)")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
+    slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[4:6]
     named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, 64), v_desc=_descriptor(v, 64),
                  do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
                  stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
                  stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
+                 SLOPES=slopes, stride_slopes_z=stride_slopes_z,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, STAGES=c.num_stages,
-                 CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS))
+                 CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS), ALIBI=flags["ALIBI"])
     return named, triton.cdiv(Lk, 128) * B * Hkv
 
 _DKDV_WS_ARGS = list(inspect.signature(_attn_bwd_dkdv_ws.fn).parameters)
@@ -445,9 +469,10 @@ def _dq_ws_producer(descs, smem, bars, where):
 
 @gluon.jit
 def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, CAUSAL: gl.constexpr,
-                    PREPROCESS: gl.constexpr, HAS_DLSE: gl.constexpr):
-    "Consumer warpgroup `me`: rows first_row + 64·me …, over the keys they see; the ring's later steps only released."
+                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, alibi, CAUSAL: gl.constexpr,
+                    PREPROCESS: gl.constexpr, HAS_DLSE: gl.constexpr, ALIBI: gl.constexpr = False):
+    """Consumer warpgroup `me`: rows first_row + 64·me …, over the keys they see; the ring's later steps only released.
+    With ALIBI (`alibi` = (SLOPES, stride_slopes_z)) each score takes its bias, as `_attn_bwd_dkdv_ws`'s do."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_smem, v_smem = smem
     q_bars, ready, empty = bars
@@ -485,6 +510,11 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
     offset = seqlen_k - seqlen_q
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    keys_from0 = offs_n.to(gl.float32)                         # each key's place after the tile's first
+    slope = 0.0
+    if ALIBI:
+        SLOPES, stride_slopes_z = alibi
+        slope = gl.load(SLOPES + off_z * stride_slopes_z + off_h) * 1.4426950408889634   # log2 e
     if not PREPROCESS: mbarrier.wait(q_bars.index(me), 0)
     q = q_smem.index(me).reshape([ROWS, HEAD_DIM])
     do = do_smem.index(me).reshape([ROWS, HEAD_DIM])
@@ -497,8 +527,12 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
             s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)     # S = Q Kᵀ
             dp_tok = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)   # dP = dO Vᵀ
             s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p = gl.exp2(s * qk_scale - m[:, None])
             start_n = t * BLOCK_N
+            if ALIBI:
+                bias = _alibi_start(s_zero, m, slope, (rows + offset - start_n).to(gl.float32), keys_from0,
+                                    CAUSAL and start_n < full_end, 1)
+                p = gl.exp2(s * qk_scale + bias)
+            else: p = gl.exp2(s * qk_scale - m[:, None])
             if start_n >= full_end:                                 # the causal diagonal, or Lk's partial (zero-filled) tile
                 cols = start_n + offs_n
                 visible = cols[None, :] < seqlen_k
@@ -521,9 +555,10 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
                     O, LSE, DLSE,                      # with PREPROCESS: o as q; lse, dlse (B, Hq, Lq): M and Δ computed and stored
                     stride_dqz, stride_dqh, stride_dqm, stride_oz, stride_oh, stride_om,
                     num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
+                    SLOPES, stride_slopes_z,           # with ALIBI: float32 slopes (B or 1, Hq)
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                    PREPROCESS: gl.constexpr = False, HAS_DLSE: gl.constexpr = False):
+                    PREPROCESS: gl.constexpr = False, HAS_DLSE: gl.constexpr = False, ALIBI: gl.constexpr = False):
     """`_attn_bwd_dq`'s program (128 rows of a batch and query head, the same key bounds) as a loading warp and two
     consumer warpgroups of 64 rows; with PREPROCESS each consumer first computes its rows' Δ and M and stores them."""
     dtype: gl.constexpr = q_desc.dtype
@@ -545,9 +580,11 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
     where = (off_z, off_h, off_hkv, first_row, n_steps)
     pre = (O, LSE, DLSE, stride_oz, stride_oh, stride_om)
     gl.warp_specialize([(_dq_ws_consumer, (0, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, CAUSAL, PREPROCESS, HAS_DLSE)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, (SLOPES, stride_slopes_z), CAUSAL, PREPROCESS,
+                                           HAS_DLSE, ALIBI)),
                         (_dq_ws_consumer, (1, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, CAUSAL, PREPROCESS, HAS_DLSE)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, (SLOPES, stride_slopes_z), CAUSAL, PREPROCESS,
+                                           HAS_DLSE, ALIBI)),
                         (_dq_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
@@ -555,21 +592,23 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
 # %% ../nbs/15_gluon_backward.ipynb #b2e36228
 def gluon_dq_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
     """Whether `_attn_bwd_dq_ws` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), every
-    tensor through descriptors, D 64 or 128, and no window, softcap or ALiBi (a sink changes only the LSE it reads)."""
-    return (use_tma and head_dim in BACKWARD_GLUON_DQ and _gluon_usable(q)
-            and not any(_backward_mod_flags(mods, causal).values()))
+    tensor through descriptors, D 64 or 128, and no window or softcap (ALiBi it takes; a sink changes only the LSE it reads)."""
+    flags = _backward_mod_flags(mods, causal)
+    return use_tma and head_dim in BACKWARD_GLUON_DQ and _gluon_usable(q) and not (flags["WINDOW"] or flags["SOFTCAP"])
 
 def _dq_ws_arguments(q, k, v, do, dq, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None,
                      preprocess:tuple=None) -> tuple:
     """`_attn_bwd_dq_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 rows.
     `preprocess`: (o, lse, dlse or None), as `backward.launch_dq` takes it."""
-    if any(_backward_mod_flags(mods, causal).values()):
-        raise ValueError(f"{candidate.label} takes no window, softcap or ALiBi: the `tl` dQ pass does")
+    flags = _backward_mod_flags(mods, causal)
+    if flags["WINDOW"] or flags["SOFTCAP"]:
+        raise ValueError(f"{candidate.label} takes no window or softcap: the `tl` dQ pass does")
     if candidate.BLOCK_M != 128 or candidate.num_warps != 4:
         raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 rows (BLOCK_M 128, 4 warps each)")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
+    slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[4:6]
     o, lse, dlse = preprocess if preprocess is not None else (dq, m, None)   # unread without PREPROCESS
     named = dict(q_desc=_descriptor(q, 64), k_desc=_descriptor(k, c.BLOCK_N), v_desc=_descriptor(v, c.BLOCK_N),
                  do_desc=_descriptor(do, 64), DQ=dq, M=m, DELTA=delta, O=o, LSE=lse, DLSE=lse if dlse is None else dlse,
@@ -578,6 +617,7 @@ def _dq_ws_arguments(q, k, v, do, dq, m, delta, causal:bool, scale:float, candid
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages,
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS),
+                 SLOPES=slopes, stride_slopes_z=stride_slopes_z, ALIBI=flags["ALIBI"],
                  PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None)
     return named, triton.cdiv(Lq, 128) * B * Hq
 

@@ -109,7 +109,8 @@ def _score_mod(qk, cols, offs_m, diag_offset, qk_scale, softcap_scale, softcap_l
     `softcap_log2` = c·log2 e); with ALIBI, minus slope·|p − j| (`slope_log2`: each row's slope · log2 e), as 14 teaches."""
     if SOFTCAP: qk = _tanh(qk * softcap_scale, EXACT_TANH) * softcap_log2
     else: qk = qk * qk_scale
-    if ALIBI: qk = qk - slope_log2[:, None] * tl.abs(offs_m[:, None] + diag_offset - cols[None, :]).to(tl.float32)
+    if ALIBI:   # the distance in float32 (exact below 2^24), so no score pays an integer-to-float conversion
+        qk = qk - slope_log2[:, None] * tl.abs((offs_m + diag_offset).to(tl.float32)[:, None] - cols.to(tl.float32)[None, :])
     return qk
 
 @triton.jit
