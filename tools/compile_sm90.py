@@ -224,7 +224,8 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON_DQ.items():
         for c in table:                                                   # takes ALiBi, no window or softcap
             jobs.append((f"backward {c.label} D={D}", ("gluon_dq", D, c, None)))
-            jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dq", D, c, "alibi")))
+            if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take ALiBi
+                jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dq", D, c, "alibi")))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
