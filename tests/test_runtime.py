@@ -90,3 +90,34 @@ def test_loops_with_a_runtime_bound_run_once_triton_fa2_is_imported(tmp_path):
     "Whatever the NumPy: with triton_fa2.runtime imported first, the interpreter runs a loop over a runtime bound."
     defect, _ = run_raw(tmp_path, "runtime_bound", "workaround")
     assert defect == "False"
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="records the launches through Triton's interpreter")
+def test_every_launch_says_the_compile_options(monkeypatch):
+    """Every kernel launch of ours passes `COMPILE_OPTIONS` (fused multiply-adds whatever Triton's default): the forward,
+    the backward's three kernels, decode with its combine, packed sequences forward and backward; and the Gluon kernels'
+    arguments, which the interpreter cannot run, carry them."""
+    import torch
+    from triton.runtime.interpreter import InterpretedFunction
+    import triton_fa2
+    from triton_fa2 import gluon
+    from triton_fa2.candidates import PREFILL_GLUON
+    from triton_fa2.runtime import COMPILE_OPTIONS
+    seen, run = [], InterpretedFunction.run
+    def recording(self, *args, **kwargs):
+        seen.append((self.fn.__name__, {k: kwargs.get(k) for k in COMPILE_OPTIONS}))
+        return run(self, *args, **kwargs)
+    monkeypatch.setattr(InterpretedFunction, "run", recording)
+    q, k, v = (torch.randn(1, 2, 20, 16, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    triton_fa2.attention(q, k, v, causal=True).sum().backward()
+    triton_fa2.decode(q[:, :, -1:].detach(), k.detach(), v.detach(), num_splits=2)
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    packed = [t.detach()[0].transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v)]
+    triton_fa2.flash_attn_varlen_func(*packed, cu, cu, 13, 13, causal=True).sum().backward()
+    names = {name for name, _ in seen}
+    assert {"_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq", "_decode_fwd", "_combine_splits",
+            "_attn_fwd_varlen", "_attn_bwd_dkdv_varlen", "_attn_bwd_dq_varlen"} <= names, names
+    assert all(options == COMPILE_OPTIONS for _, options in seen), [s for s in seen if s[1] != COMPILE_OPTIONS]
+    for config in PREFILL_GLUON:
+        named, _ = gluon._arguments(q.detach(), k.detach(), v.detach(), q.detach(), torch.empty(1, 2, 20), True, 0.25, config, None)
+        assert {key: named.get(key) for key in COMPILE_OPTIONS} == COMPILE_OPTIONS, config

@@ -8,7 +8,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/backward.html.md"""
 __all__ = ['PREPROCESS_BLOCK_M', 'attention_backward_ref', 'launch_preprocess', 'launch_dkdv', 'launch_dq']
 
 # %% ../nbs/12_backward.ipynb #6c1f933d
-from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+from .runtime import COMPILE_OPTIONS, interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import inspect
 import torch
 import triton
@@ -95,7 +95,7 @@ def launch_preprocess(o:torch.Tensor,     # (B, Hq, Lq, D) the forward's output,
     grid = triton.cdiv(Lq, PREPROCESS_BLOCK_M) * B * Hq
     if grid: _attn_bwd_preprocess[(grid,)](o, do, lse, lse if dlse is None else dlse, delta, m, *o.stride()[:3], *do.stride()[:3],
                                            Hq, Lq, HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16),
-                                           BLOCK_M=PREPROCESS_BLOCK_M, HAS_DLSE=dlse is not None)
+                                           BLOCK_M=PREPROCESS_BLOCK_M, HAS_DLSE=dlse is not None, **COMPILE_OPTIONS)
     return delta, m
 
 # %% ../nbs/12_backward.ipynb #cebd190e

@@ -12,7 +12,7 @@ __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', '
            'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
-from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+from .runtime import COMPILE_OPTIONS, interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import dataclasses
 import functools
 import torch
@@ -51,8 +51,10 @@ class Candidate:
 
     @property
     def launch_options(self) -> dict:
-        "What Triton's launch takes besides the kernel's own arguments: warps, stages and the register cap, if any."
-        return dict(num_warps=self.num_warps, num_stages=self.num_stages, **({} if self.maxnreg is None else dict(maxnreg=self.maxnreg)))
+        """What Triton's launch takes besides the kernel's own arguments: warps, stages, the register cap if any, and the
+        compiler options every launch of ours gives (90's `COMPILE_OPTIONS`)."""
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages, **({} if self.maxnreg is None else dict(maxnreg=self.maxnreg)),
+                    **COMPILE_OPTIONS)
 
     @property
     def paged_launch_options(self) -> dict:

@@ -9,7 +9,7 @@ __all__ = ['ARG_NAMES', 'GLUON_RELEASES', 'WS_ARG_NAMES', 'disable', 'usable', '
            'wgmma_hazards', 'sm90_reports']
 
 # %% ../nbs/11_gluon.ipynb #96a85f8d
-from .runtime import compile_for_gpu, cuobjdump, interpreting, resource_usage, triton_release  # first: without a GPU it turns the interpreter on before any kernel is defined
+from .runtime import COMPILE_OPTIONS, compile_for_gpu, cuobjdump, interpreting, resource_usage, triton_release  # first: without a GPU it turns the interpreter on before any kernel is defined
 import dataclasses
 import functools
 import inspect
@@ -504,9 +504,10 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
     if config.WARP_SPECIALIZE:
         consumer_regs, producer_regs = _WS_REGS[packed is not None]
         named.update(BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, PINGPONG=config.PINGPONG, CONSUMER_REGS=consumer_regs,
-                     PRODUCER_REGS=producer_regs, num_warps=config.num_warps, maxnreg=_ws_maxnreg(consumer_regs, producer_regs))
+                     PRODUCER_REGS=producer_regs, num_warps=config.num_warps, maxnreg=_ws_maxnreg(consumer_regs, producer_regs),
+                     **COMPILE_OPTIONS)
     else: named.update(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, STAGES=config.num_stages, Q_IN_REGS=config.Q_IN_REGS,
-                       P_SMEM=config.P_SMEM, num_warps=config.num_warps)
+                       P_SMEM=config.P_SMEM, num_warps=config.num_warps, **COMPILE_OPTIONS)
     return named, blocks * programs
 
 def launch(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods:ScoreMods=None):

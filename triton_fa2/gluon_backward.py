@@ -10,7 +10,7 @@ __all__ = ['gluon_dkdv_applies', 'launch_dkdv', 'gluon_dq_applies', 'launch_dq']
 # %% ../nbs/15_gluon_backward.ipynb #2441cf41
 # A module of its own: the dispatcher imports it as it imports `gluon` (11), and where Gluon cannot be loaded the `tl`
 # passes of 12 serve alone
-from .runtime import interpreting  # first: without a GPU it turns the interpreter on before any kernel is defined
+from .runtime import COMPILE_OPTIONS, interpreting  # first: without a GPU it turns the interpreter on before any kernel is defined
 import inspect
 import triton
 from triton.experimental import gluon
@@ -244,7 +244,7 @@ def _dkdv_gluon_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:floa
                  window_left=window_left, window_right=window_right, softcap_scale=softcap_scale, softcap_log2=softcap_log2,
                  SLOPES=slopes, stride_slopes_z=stride_slopes_z,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages, OVERLAP=c.OVERLAP,
-                 num_warps=c.num_warps, **flags)
+                 num_warps=c.num_warps, **flags, **COMPILE_OPTIONS)
     return named, triton.cdiv(Lk, c.BLOCK_N) * B * Hkv
 
 _DKDV_GLUON_ARGS = list(inspect.signature(_attn_bwd_dkdv_gluon.fn).parameters)
@@ -442,7 +442,8 @@ def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, 
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
                  SLOPES=slopes, stride_slopes_z=stride_slopes_z,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, STAGES=c.num_stages,
-                 CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS), ALIBI=flags["ALIBI"])
+                 CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS), ALIBI=flags["ALIBI"],
+                 **COMPILE_OPTIONS)
     return named, triton.cdiv(Lk, 128) * B * Hkv
 
 _DKDV_WS_ARGS = list(inspect.signature(_attn_bwd_dkdv_ws.fn).parameters)
@@ -618,7 +619,7 @@ def _dq_ws_arguments(q, k, v, do, dq, m, delta, causal:bool, scale:float, candid
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages,
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS),
                  SLOPES=slopes, stride_slopes_z=stride_slopes_z, ALIBI=flags["ALIBI"],
-                 PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None)
+                 PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None, **COMPILE_OPTIONS)
     return named, triton.cdiv(Lq, 128) * B * Hq
 
 _DQ_WS_ARGS = list(inspect.signature(_attn_bwd_dq_ws.fn).parameters)

@@ -8,7 +8,7 @@ Docs: https://triton-fa2.github.io/triton_fa2/split_kv_decode.html.md"""
 __all__ = ['num_splits_heuristic', 'merge_attention_states', 'launch']
 
 # %% ../nbs/06_split_kv_decode.ipynb #e25777b7
-from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+from .runtime import COMPILE_OPTIONS, interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import functools
 import inspect
 import math
@@ -294,6 +294,6 @@ def launch(q, k_cache, v_cache,             # (B, H, L, D) views
     split = _decode_fwd[(programs,)](*split_args, **split_constants, **options)
     combine, combine_args = None, [o_part, lse_part, o, lse, *o.stride()[:3], Hq, Lq, num_splits, B * Hq * Lq]
     combine_constants = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=min(triton.next_power_of_2(num_splits), 16))
-    if num_splits > 1: combine = _combine_splits[(B * Hq * Lq,)](*combine_args, **combine_constants)
+    if num_splits > 1: combine = _combine_splits[(B * Hq * Lq,)](*combine_args, **combine_constants, **COMPILE_OPTIONS)
     return (split, programs, split_args + [split_constants[n] for n in _DECODE_FWD_ARGS[len(split_args):]],
             combine, B * Hq * Lq, combine_args + [combine_constants[n] for n in _COMBINE_ARGS[len(combine_args):]])
