@@ -305,6 +305,12 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
         assert [c for c in plain if c not in alibi] == [c for c in BACKWARD_GLUON[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
         assert [c for c in plain if c not in windowed] == [c for c in BACKWARD_GLUON[D] if c.WARP_SPECIALIZE]
         assert any(c.kernel == "gluon_dkdv" for c in softcapped)       # every head dim keeps a Gluon tile
+    for D in BACKWARD_GLUON_DQ:                                        # the warp-specialised dQ pass: softcap and ALiBi, no window
+        plain = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True)
+        softcapped = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, score_mods=True, modified=True)
+        windowed = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, modified=True, window=True)
+        assert [c for c in plain if c not in softcapped] == [c for c in BACKWARD_GLUON_DQ[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
+        assert [c for c in plain if c not in windowed] == list(BACKWARD_GLUON_DQ[D])
     ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: ALiBi and sinks only
     for name in ("window", "softcap", "all"):
         with pytest.raises(ValueError, match="takes no window or softcap"):
@@ -416,17 +422,19 @@ def test_gpu_gluon_dq(D, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", sorted(BACKWARD_GLUON_DQ))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_gluon_dq_with_alibi(D, dtype):
-    """Every Gluon dQ candidate ALiBi does not make spill, with slopes per head and per batch row, causal and not, Lq ≠ Lk
-    both ways and GQA, against float64 autograd (its one modifier; the dK/dV pass: the `tl` one)."""
+def test_gpu_gluon_dq_with_score_modifiers(D, dtype):
+    """Every Gluon dQ candidate softcap and ALiBi do not make spill, with softcap, slopes per head and per batch row, and
+    softcap with ALiBi and a sink, causal and not, Lq ≠ Lk both ways and GQA, against float64 autograd (the modifiers it
+    takes; the dK/dV pass: the `tl` one)."""
     from test_score_mods import grads_ref, mods_for
     from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS
     dkdv_pass = BACKWARD[("bwd_dkdv", D, False)][0]
-    for (B, Hq, Hkv, Lq, Lk, causal), alibi in itertools.product(GLUON_DKDV_CASES[:3] + GLUON_DKDV_CASES[4:5],
-                                                                  ["per head", "per batch row"]):
+    variants = [dict(softcap=30.0), dict(alibi="per head"), dict(alibi="per batch row"),
+                dict(softcap=30.0, alibi="per batch row", sink=True)]
+    for (B, Hq, Hkv, Lq, Lk, causal), variant in itertools.product(GLUON_DKDV_CASES[:3] + GLUON_DKDV_CASES[4:5], variants):
         q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
         k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
-        mods = mods_for(Hq, B, alibi=alibi)
+        mods = mods_for(Hq, B, **variant)
         o, lse = torch.empty_like(q), torch.empty(B, Hq, Lq, device=q.device)
         _attention_forward(q, k, v, o, lse, causal, D ** -0.5, mods=mods)
         refs = grads_ref(q, k, v, do, causal, mods)[:3]

@@ -58,8 +58,8 @@ def test_rules_name_candidates_of_their_kernel():
 def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
     """Where a call's modifiers rule out the candidate a rule names (the ws kernel takes no ALiBi; the 64×128
     Gluon dK/dV tile spills with softcap or ALiBi), the first call still runs the rule's kernel, on its first candidate that
-    takes them: a Gluon rule stays on a Gluon kernel, never falls to a `tl` tiling. A kernel that takes none of them (the
-    warp-specialised dQ pass) leaves the table's first candidate."""
+    takes them: a Gluon rule stays on a Gluon kernel, never falls to a `tl` tiling. A kernel that does not take them (the
+    warp-specialised dQ pass with a window) leaves the table's first candidate."""
     from triton_fa2 import gluon
     from triton_fa2.score_mods import ScoreMods
     monkeypatch.setattr(candidates, "interpreting", lambda: False)
@@ -72,7 +72,7 @@ def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
                        if c.kernel != "gluon" or gluon.takes(c, given)]
         else:
             offered = candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True, score_mods=mods != "window",
-                                                     modified=mods != "alibi")
+                                                     modified=mods != "alibi", window=mods == "window")
         pick = dispatch._rule_pick(r["config"], offered)
         every = (candidates.prefill_candidates(r["head_dim"], False, smem, gluon=True) if r["kernel"] == "prefill"
                  else candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True))

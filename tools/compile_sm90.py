@@ -222,10 +222,11 @@ def shipped():
             if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
                 jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dkdv", D, c, "every modifier")))
     for D, table in candidates.BACKWARD_GLUON_DQ.items():
-        for c in table:                                                   # takes ALiBi, no window or softcap
+        for c in table:                                                   # takes softcap and ALiBi, no window
             jobs.append((f"backward {c.label} D={D}", ("gluon_dq", D, c, None)))
-            if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take ALiBi
+            if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
                 jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dq", D, c, "alibi")))
+                jobs.append((f"backward {c.label} D={D} with softcap and ALiBi", ("gluon_dq", D, c, "softcap and alibi")))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -265,9 +266,10 @@ def compile_job(job) -> list:
         kernels = [(f"{config.label} {mask}" + (f" with {'a window' if heads == 'window' else heads}" if mods else ""),
                     compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
                    for mask in ("causal", "full")]
-    elif kind == "gluon_dq" and heads == "alibi":
-        kernels = [(f"{config.label} {mask} with ALiBi", compile_gluon_dq(config, D=D, causal=mask == "causal", mods=ALIBI_ALONE))
-                   for mask in ("causal", "full")]
+    elif kind == "gluon_dq" and heads in ("alibi", "softcap and alibi"):
+        mods = ALIBI_ALONE if heads == "alibi" else ALIBI_ALONE._replace(softcap=50.0)
+        kernels = [(f"{config.label} {mask} with {'ALiBi' if heads == 'alibi' else 'softcap and ALiBi'}",
+                    compile_gluon_dq(config, D=D, causal=mask == "causal", mods=mods)) for mask in ("causal", "full")]
     elif kind == "gluon_dq":
         kernels = [(f"{config.label} {mask}{' with dLSE' if dlse else ''}", compile_gluon_dq(config, D=D, causal=mask == "causal", dlse=dlse))
                    for mask in ("causal", "full") for dlse in (False, True)]

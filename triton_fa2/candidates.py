@@ -175,7 +175,7 @@ BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Cand
                   128: (Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dkdv", 64, 128, 8, 2),
                         Candidate("gluon_dkdv", 32, 64, 4, 2))}
 # The dQ pass in Gluon on sm_90 (15), warp-specialised: BLOCK_M rows per program, a consumer warpgroup per 64 of them,
-# BLOCK_N keys per step through a ring of `num_stages` slots; no window or softcap
+# BLOCK_N keys per step through a ring of `num_stages` slots; no window
 BACKWARD_GLUON_DQ = {D: (Candidate("gluon_dq", 128, 64, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dq", 128, 64, 4, 3, WARP_SPECIALIZE=True),
                          Candidate("gluon_dq", 128, 128, 4, 2, WARP_SPECIALIZE=True)) for D in (64, 128)}
 # The Gluon candidates that softcap or ALiBi (14) push into heavy spills on sm_90 (`tools/compile_sm90.py`): the 64×128
@@ -209,7 +209,8 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
                         gluon:bool=False,   # the passes in Gluon may run (`gluon_backward.gluon_dkdv_applies`): their candidates first
                         score_mods:bool=False,   # softcap or ALiBi change the scores: not the Gluon candidates they make spill
-                        modified:bool=False,     # a window or softcap: not the warp-specialised Gluon passes (ALiBi they take)
+                        modified:bool=False,     # a window or softcap: not the warp-specialised dK/dV pass (ALiBi it takes)
+                        window:bool=False,       # a window: not the warp-specialised dQ pass (softcap and ALiBi it takes)
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
@@ -220,7 +221,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
     if gluon and kernel == "bwd_dkdv" and not (pointers or varlen):
         kept = [c for c in BACKWARD_GLUON.get(head_dim, ()) if not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)
                 and not (modified and c.WARP_SPECIALIZE)] + kept
-    if gluon and kernel == "bwd_dq" and not (pointers or varlen or modified):
+    if gluon and kernel == "bwd_dq" and not (pointers or varlen or window):
         kept = [c for c in BACKWARD_GLUON_DQ.get(head_dim, ()) if _backward_smem_bytes(c, block_d) <= smem_limit
                 and not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)] + kept
     return kept

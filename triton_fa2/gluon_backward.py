@@ -20,7 +20,7 @@ from .backward import _backward_mod_flags, _delta_and_m, _dkdv_row_runs, _q_row_
 from .candidates import BACKWARD_GLUON, BACKWARD_GLUON_DQ, Candidate
 from .forward import LOG2E, _kv_key_bounds, _program_block
 from .gluon import _WS_CONSUMER_REGS, _descriptor, _tma_load, _ws_maxnreg, usable as _gluon_usable
-from .score_mods import ScoreMods, _mod_args, _score_mod, _softcap_slope, _visible
+from .score_mods import ScoreMods, _mod_args, _score_mod, _softcap_slope, _tanh, _visible
 
 # %% ../nbs/15_gluon_backward.ipynb #1d206fc8
 @gluon.jit
@@ -470,10 +470,12 @@ def _dq_ws_producer(descs, smem, bars, where):
 
 @gluon.jit
 def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, alibi, CAUSAL: gl.constexpr,
-                    PREPROCESS: gl.constexpr, HAS_DLSE: gl.constexpr, ALIBI: gl.constexpr = False):
+                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, CAUSAL: gl.constexpr,
+                    PREPROCESS: gl.constexpr, HAS_DLSE: gl.constexpr, SOFTCAP: gl.constexpr = False,
+                    ALIBI: gl.constexpr = False):
     """Consumer warpgroup `me`: rows first_row + 64·me …, over the keys they see; the ring's later steps only released.
-    With ALIBI (`alibi` = (SLOPES, stride_slopes_z)) each score takes its bias, as `_attn_bwd_dkdv_ws`'s do."""
+    `mods` = (softcap_scale, softcap_log2, SLOPES, stride_slopes_z): with SOFTCAP the scores are 14's c·tanh(S·scale / c)
+    and dS takes its derivative; with ALIBI each score takes its bias, as `_attn_bwd_dkdv_ws`'s do."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_smem, v_smem = smem
     q_bars, ready, empty = bars
@@ -512,9 +514,9 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     keys_from0 = offs_n.to(gl.float32)                         # each key's place after the tile's first
+    softcap_scale, softcap_log2, SLOPES, stride_slopes_z = mods
     slope = 0.0
     if ALIBI:
-        SLOPES, stride_slopes_z = alibi
         slope = gl.load(SLOPES + off_z * stride_slopes_z + off_h) * 1.4426950408889634   # log2 e
     if not PREPROCESS: mbarrier.wait(q_bars.index(me), 0)
     q = q_smem.index(me).reshape([ROWS, HEAD_DIM])
@@ -529,17 +531,23 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
             dp_tok = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)   # dP = dO Vᵀ
             s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             start_n = t * BLOCK_N
+            if SOFTCAP:                                             # base-2 logits c·tanh(S·scale / c)·log2 e, 14's `_score_mod`
+                cap = _tanh(s * softcap_scale)
+                logits = cap * softcap_log2
+            else: logits = s * qk_scale
             if ALIBI:
                 bias = _alibi_start(s_zero, m, slope, (rows + offset - start_n).to(gl.float32), keys_from0,
                                     CAUSAL and start_n < full_end, 1)
-                p = gl.exp2(s * qk_scale + bias)
-            else: p = gl.exp2(s * qk_scale - m[:, None])
+                p = gl.exp2(logits + bias)
+            else: p = gl.exp2(logits - m[:, None])
             if start_n >= full_end:                                 # the causal diagonal, or Lk's partial (zero-filled) tile
                 cols = start_n + offs_n
                 visible = cols[None, :] < seqlen_k
                 if CAUSAL: visible = visible & (cols[None, :] <= rows[:, None] + offset)
                 p = gl.where(visible, p, 0.0)
-            ds16 = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+            ds = p * (dp - delta[:, None])
+            if SOFTCAP: ds = ds * (1.0 - cap * cap)                 # the chain rule through the cap (`_softcap_slope`)
+            ds16 = gl.convert_layout(ds.to(dtype), a_layout)
             dq_tok = warpgroup_mma(ds16, k, warpgroup_mma_init(dq), is_async=True)               # dQ += dS K
             dq, ds16 = warpgroup_mma_wait(0, deps=(dq_tok, ds16))
         mbarrier.arrive(empty.index(slot), count=1)
@@ -556,10 +564,12 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
                     O, LSE, DLSE,                      # with PREPROCESS: o as q; lse, dlse (B, Hq, Lq): M and Δ computed and stored
                     stride_dqz, stride_dqh, stride_dqm, stride_oz, stride_oh, stride_om,
                     num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
+                    softcap_scale, softcap_log2,       # with SOFTCAP: scale / c and c · log2(e) (14)
                     SLOPES, stride_slopes_z,           # with ALIBI: float32 slopes (B or 1, Hq)
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                    PREPROCESS: gl.constexpr = False, HAS_DLSE: gl.constexpr = False, ALIBI: gl.constexpr = False):
+                    PREPROCESS: gl.constexpr = False, HAS_DLSE: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
+                    ALIBI: gl.constexpr = False):
     """`_attn_bwd_dq`'s program (128 rows of a batch and query head, the same key bounds) as a loading warp and two
     consumer warpgroups of 64 rows; with PREPROCESS each consumer first computes its rows' Δ and M and stores them."""
     dtype: gl.constexpr = q_desc.dtype
@@ -580,12 +590,13 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
     bars = (q_bars, ready, empty)
     where = (off_z, off_h, off_hkv, first_row, n_steps)
     pre = (O, LSE, DLSE, stride_oz, stride_oh, stride_om)
+    mods = (softcap_scale, softcap_log2, SLOPES, stride_slopes_z)
     gl.warp_specialize([(_dq_ws_consumer, (0, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, (SLOPES, stride_slopes_z), CAUSAL, PREPROCESS,
-                                           HAS_DLSE, ALIBI)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, CAUSAL, PREPROCESS,
+                                           HAS_DLSE, SOFTCAP, ALIBI)),
                         (_dq_ws_consumer, (1, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, (SLOPES, stride_slopes_z), CAUSAL, PREPROCESS,
-                                           HAS_DLSE, ALIBI)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, CAUSAL, PREPROCESS,
+                                           HAS_DLSE, SOFTCAP, ALIBI)),
                         (_dq_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
@@ -593,23 +604,22 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
 # %% ../nbs/15_gluon_backward.ipynb #b2e36228
 def gluon_dq_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
     """Whether `_attn_bwd_dq_ws` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), every
-    tensor through descriptors, D 64 or 128, and no window or softcap (ALiBi it takes; a sink changes only the LSE it reads)."""
-    flags = _backward_mod_flags(mods, causal)
-    return use_tma and head_dim in BACKWARD_GLUON_DQ and _gluon_usable(q) and not (flags["WINDOW"] or flags["SOFTCAP"])
+    tensor through descriptors, D 64 or 128, and no window (softcap and ALiBi it takes; a sink changes only the LSE it reads)."""
+    return use_tma and head_dim in BACKWARD_GLUON_DQ and _gluon_usable(q) and not _backward_mod_flags(mods, causal)["WINDOW"]
 
 def _dq_ws_arguments(q, k, v, do, dq, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None,
                      preprocess:tuple=None) -> tuple:
     """`_attn_bwd_dq_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 rows.
     `preprocess`: (o, lse, dlse or None), as `backward.launch_dq` takes it."""
     flags = _backward_mod_flags(mods, causal)
-    if flags["WINDOW"] or flags["SOFTCAP"]:
-        raise ValueError(f"{candidate.label} takes no window or softcap: the `tl` dQ pass does")
+    if flags["WINDOW"]:
+        raise ValueError(f"{candidate.label} takes no window: the `tl` dQ pass does")
     if candidate.BLOCK_M != 128 or candidate.num_warps != 4:
         raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 rows (BLOCK_M 128, 4 warps each)")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
-    slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[4:6]
+    softcap_scale, softcap_log2, slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[2:6]
     o, lse, dlse = preprocess if preprocess is not None else (dq, m, None)   # unread without PREPROCESS
     named = dict(q_desc=_descriptor(q, 64), k_desc=_descriptor(k, c.BLOCK_N), v_desc=_descriptor(v, c.BLOCK_N),
                  do_desc=_descriptor(do, 64), DQ=dq, M=m, DELTA=delta, O=o, LSE=lse, DLSE=lse if dlse is None else dlse,
@@ -618,7 +628,8 @@ def _dq_ws_arguments(q, k, v, do, dq, m, delta, causal:bool, scale:float, candid
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages,
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS),
-                 SLOPES=slopes, stride_slopes_z=stride_slopes_z, ALIBI=flags["ALIBI"],
+                 softcap_scale=softcap_scale, softcap_log2=softcap_log2, SLOPES=slopes, stride_slopes_z=stride_slopes_z,
+                 SOFTCAP=flags["SOFTCAP"], ALIBI=flags["ALIBI"],
                  PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None, **COMPILE_OPTIONS)
     return named, triton.cdiv(Lq, 128) * B * Hq
 
