@@ -6,6 +6,7 @@ benchmark's timing (`do_bench`, 25 ms warm-up, 100 ms measured), median per conf
 tuned/rule time and the worst shape.
 
     python tools/compare_rules.py [--grid prefill+fa3] [--out results/rules_vs_tuned.csv] [--commit abc1234]
+    python tools/compare_rules.py --only 1,32,2048,64,0,fp16 --rounds 15 --out lab/data/...   # some shapes again
 """
 import argparse, csv, datetime, math, os, pathlib, statistics
 os.environ["TRITON_FA2_NO_CACHE"] = "1"          # tuning must time, not read an earlier pick
@@ -24,12 +25,15 @@ def main(argv=None):
     p.add_argument("--out", default="results/rules_vs_tuned.csv")
     p.add_argument("--commit", default="unknown")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", action="append", help="B,H,N,D,causal (0 or 1),dtype: this workload of the grids only; repeatable")
     a = p.parse_args(argv)
+    only = {tuple(x.split(",")) for x in a.only or ()}
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=a.commit,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"))
     rows = []
     for w in bench.select_workloads(a.grid):
         if w.op != "prefill": continue
+        if only and (str(w.batch), str(w.heads_q), str(w.seqlen_q), str(w.head_dim), str(int(w.causal)), w.dtype) not in only: continue
         q, k, v = w.inputs("cuda")
         forget(); rule = warmup(q, k, v, causal=w.causal)
         forget(); tuned = warmup(q, k, v, causal=w.causal, tune=True)
