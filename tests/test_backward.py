@@ -297,24 +297,27 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
     monkeypatch.setattr(candidates_module, "interpreting", lambda: False)
     for D in BACKWARD_GLUON:
         plain = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)
-        softcapped = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, modified=True)
+        softcapped = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, softcap=True)
         alibi = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True)
-        windowed = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, modified=True)
+        windowed = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)   # a window changes no candidate
         assert [c for c in plain if c not in softcapped] == [c for c in BACKWARD_GLUON[D]
                                                              if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
         assert [c for c in plain if c not in alibi] == [c for c in BACKWARD_GLUON[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
-        assert [c for c in plain if c not in windowed] == [c for c in BACKWARD_GLUON[D] if c.WARP_SPECIALIZE]
+        assert windowed == plain
         assert any(c.kernel == "gluon_dkdv" for c in softcapped)       # every head dim keeps a Gluon tile
-    for D in BACKWARD_GLUON_DQ:                                        # the warp-specialised dQ pass: softcap and ALiBi, no window
+    for D in BACKWARD_GLUON_DQ:                                        # the warp-specialised dQ pass: every modifier
         plain = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True)
-        softcapped = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, score_mods=True, modified=True)
-        windowed = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, modified=True, window=True)
+        softcapped = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, score_mods=True, softcap=True)
         assert [c for c in plain if c not in softcapped] == [c for c in BACKWARD_GLUON_DQ[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
-        assert [c for c in plain if c not in windowed] == list(BACKWARD_GLUON_DQ[D])
-    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: ALiBi and sinks only
-    for name in ("window", "softcap", "all"):
-        with pytest.raises(ValueError, match="takes no window or softcap"):
+    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: windows, ALiBi, sinks
+    for name in ("softcap", "all"):
+        with pytest.raises(ValueError, match="takes no softcap"):
             gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])
+    named, _ = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, False, 0.125, ws, every["window"])
+    assert named["WINDOW"] and (named["window_left"], named["window_right"]) == (8, 0)
+    dq_ws = BACKWARD_GLUON_DQ[64][0]
+    named, _ = gluon_bwd._dq_ws_arguments(q, q, q, q, q, m, m, True, 0.125, dq_ws, every["all"])
+    assert named["WINDOW"] and named["SOFTCAP"] and named["ALIBI"] and (named["window_left"], named["window_right"]) == (8, 0)
     named, grid = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, True, 0.125, ws, every["sink"])
     assert grid == 1 and named["group_size"] == 2 and named["maxnreg"] == gluon_bwd._ws_maxnreg(named["CONSUMER_REGS"])
     assert not named["ALIBI"]
@@ -339,7 +342,8 @@ GLUON_DKDV_CASES = [   # (B, Hq, Hkv, Lq, Lk, causal): Lq ≠ Lk both ways, GQA 
 def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
     """Every Gluon dK/dV candidate that takes them with a window (reaching back past a block, narrower than one, on both
     sides), softcap, ALiBi per head and per batch row, and all of them with a sink, causal and not, Lq ≠ Lk both ways and
-    GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one). The warp-specialised pass: ALiBi."""
+    GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one). The warp-specialised pass: windows
+    and ALiBi, without softcap."""
     from test_score_mods import grads_ref, mods_for
     from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS
     dq_pass = BACKWARD[("bwd_dq", D, False)][0]
@@ -356,7 +360,7 @@ def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
         scored = "softcap" in variant or "alibi" in variant
         for c in BACKWARD_GLUON[D]:
             if scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
-            if c.WARP_SPECIALIZE and set(variant) != {"alibi"}: continue   # ALiBi alone, else plain: `test_gpu_gluon_dkdv`
+            if c.WARP_SPECIALIZE and "softcap" in variant: continue   # `_attn_bwd_dkdv_gluon` takes softcap
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(c, dq_pass), mods=mods)
             check_grads(grads, refs, dtype)
@@ -423,14 +427,15 @@ def test_gpu_gluon_dq(D, dtype):
 @pytest.mark.parametrize("D", sorted(BACKWARD_GLUON_DQ))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gluon_dq_with_score_modifiers(D, dtype):
-    """Every Gluon dQ candidate softcap and ALiBi do not make spill, with softcap, slopes per head and per batch row, and
-    softcap with ALiBi and a sink, causal and not, Lq ≠ Lk both ways and GQA, against float64 autograd (the modifiers it
-    takes; the dK/dV pass: the `tl` one)."""
+    """Every Gluon dQ candidate with windows (reaching back past a block, narrower than one, on both sides), softcap,
+    slopes per head and per batch row, and all of them with a sink (without the tile softcap and ALiBi make spill), causal
+    and not, Lq ≠ Lk both ways and GQA, against float64 autograd (the dK/dV pass: the `tl` one)."""
     from test_score_mods import grads_ref, mods_for
     from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS
     dkdv_pass = BACKWARD[("bwd_dkdv", D, False)][0]
-    variants = [dict(softcap=30.0), dict(alibi="per head"), dict(alibi="per batch row"),
-                dict(softcap=30.0, alibi="per batch row", sink=True)]
+    variants = [dict(window=w) for w in [(100, 0), (5, 3), (70, 33)]] + [
+        dict(softcap=30.0), dict(alibi="per head"), dict(alibi="per batch row"),
+        dict(window=(70, 33), softcap=30.0, alibi="per batch row", sink=True)]
     for (B, Hq, Hkv, Lq, Lk, causal), variant in itertools.product(GLUON_DKDV_CASES[:3] + GLUON_DKDV_CASES[4:5], variants):
         q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
         k, v = randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
@@ -439,10 +444,32 @@ def test_gpu_gluon_dq_with_score_modifiers(D, dtype):
         _attention_forward(q, k, v, o, lse, causal, D ** -0.5, mods=mods)
         refs = grads_ref(q, k, v, do, causal, mods)[:3]
         for c in BACKWARD_GLUON_DQ[D]:
-            if (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
+            if ("softcap" in variant or "alibi" in variant) and (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(dkdv_pass, c), mods=mods)
             check_grads(grads, refs, dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_warp_specialised_passes_skip_tiles_outside_the_window():
+    """The warp-specialised passes load only the tiles some row's window reaches: NaN in far rows and keys never reaches
+    dq of early rows or dk, dv of early keys (a mask alone would let 0 · NaN through the products)."""
+    from test_score_mods import grads_ref, mods_for
+    L, cut, n, D = 2048, 1536, 512, 128
+    dkdv_pass = next(c for c in BACKWARD_GLUON[D] if c.WARP_SPECIALIZE)
+    q, k, v, do = (randn(1, 2, L, D, dtype=torch.bfloat16) for _ in range(4))
+    for t in (q, k, v): t[:, :, cut:] = float("nan")    # outside every window of rows < n, keys < n − 8
+    do[:, :, n:] = 0
+    mods = mods_for(2, 1, (8, 0))
+    o, lse = torch.empty_like(q), torch.empty(1, 2, L, device=q.device)
+    _attention_forward(q, k, v, o, lse, True, D ** -0.5, mods=mods)
+    refs = grads_ref(*(t[:, :, :n] for t in (q, k, v)), do[:, :, :n], True, mods)[:3]
+    for c in BACKWARD_GLUON_DQ[D]:
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        _attention_backward(do, q, k, v, o, lse, None, *grads, True, D ** -0.5, configs=(dkdv_pass, c), mods=mods)
+        for name, g, r, m in zip(("dq", "dk", "dv"), grads, refs, (n, n - 8, n - 8)):
+            assert not g[:, :, :m].isnan().any(), f"{c.label}: {name} read a tile outside the window"
+            assert ((g[:, :, :m].double() - r[:, :, :m]).norm() / r[:, :, :m].norm()).item() < 1e-2, (c.label, name)
 
 
 @pytest.mark.gpu

@@ -58,8 +58,7 @@ def test_rules_name_candidates_of_their_kernel():
 def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
     """Where a call's modifiers rule out the candidate a rule names (the ws kernel takes no ALiBi; the 64×128
     Gluon dK/dV tile spills with softcap or ALiBi), the first call still runs the rule's kernel, on its first candidate that
-    takes them: a Gluon rule stays on a Gluon kernel, never falls to a `tl` tiling. A kernel that does not take them (the
-    warp-specialised dQ pass with a window) leaves the table's first candidate."""
+    takes them: a Gluon rule stays on a Gluon kernel, never falls to a `tl` tiling."""
     from triton_fa2 import gluon
     from triton_fa2.score_mods import ScoreMods
     monkeypatch.setattr(candidates, "interpreting", lambda: False)
@@ -72,13 +71,12 @@ def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
                        if c.kernel != "gluon" or gluon.takes(c, given)]
         else:
             offered = candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True, score_mods=mods != "window",
-                                                     modified=mods != "alibi", window=mods == "window")
+                                                     softcap=mods == "softcap")
         pick = dispatch._rule_pick(r["config"], offered)
         every = (candidates.prefill_candidates(r["head_dim"], False, smem, gluon=True) if r["kernel"] == "prefill"
                  else candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True))
         named = next(c for c in every if c.label == r["config"])
-        if any(c.kernel == named.kernel for c in offered): assert pick.kernel == named.kernel, (mods, r, pick)
-        else: assert pick == offered[0] and named.kernel == "gluon_dq", (mods, r, pick)
+        assert pick.kernel == named.kernel, (mods, r, pick)
         if named in offered: assert pick == named, (mods, r, pick)
 
 def _run(code:str, cache:str, **env) -> str:

@@ -215,18 +215,22 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
-            if c.WARP_SPECIALIZE:                                         # takes ALiBi, no window or softcap
+            if c.WARP_SPECIALIZE:                                         # takes windows and ALiBi, no softcap
                 jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dkdv", D, c, "alibi")))
+                jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
+                jobs.append((f"backward {c.label} D={D} window and ALiBi", ("gluon_dkdv", D, c, "window and alibi")))
                 continue
             jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
             if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
                 jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dkdv", D, c, "every modifier")))
     for D, table in candidates.BACKWARD_GLUON_DQ.items():
-        for c in table:                                                   # takes softcap and ALiBi, no window
+        for c in table:                                                   # takes every modifier
             jobs.append((f"backward {c.label} D={D}", ("gluon_dq", D, c, None)))
+            jobs.append((f"backward {c.label} D={D} window", ("gluon_dq", D, c, "window")))
             if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
                 jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dq", D, c, "alibi")))
                 jobs.append((f"backward {c.label} D={D} with softcap and ALiBi", ("gluon_dq", D, c, "softcap and alibi")))
+                jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dq", D, c, "every modifier")))
     for c in candidates.PREFILL_GLUON:
         for D in (candidates.WARP_SPECIALIZED_HEAD_DIMS if c.WARP_SPECIALIZE else candidates.GLUON_HEAD_DIMS):
             jobs.append((f"{c.label} D={D}", ("gluon", D, c, None)))
@@ -262,13 +266,15 @@ def compile_job(job) -> list:
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     elif kind == "gluon_dkdv":
-        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True), "alibi": ALIBI_ALONE}.get(heads)
+        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True), "alibi": ALIBI_ALONE,
+                "window and alibi": ALIBI_ALONE._replace(window_size=WINDOW_ALONE.window_size)}.get(heads)
         kernels = [(f"{config.label} {mask}" + (f" with {'a window' if heads == 'window' else heads}" if mods else ""),
                     compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
                    for mask in ("causal", "full")]
-    elif kind == "gluon_dq" and heads in ("alibi", "softcap and alibi"):
-        mods = ALIBI_ALONE if heads == "alibi" else ALIBI_ALONE._replace(softcap=50.0)
-        kernels = [(f"{config.label} {mask} with {'ALiBi' if heads == 'alibi' else 'softcap and ALiBi'}",
+    elif kind == "gluon_dq" and heads is not None:
+        mods = {"alibi": ALIBI_ALONE, "softcap and alibi": ALIBI_ALONE._replace(softcap=50.0), "window": WINDOW_ALONE,
+                "every modifier": ALIBI_ALONE._replace(softcap=50.0, window_size=WINDOW_ALONE.window_size)}[heads]
+        kernels = [(f"{config.label} {mask} with {'a window' if heads == 'window' else heads}",
                     compile_gluon_dq(config, D=D, causal=mask == "causal", mods=mods)) for mask in ("causal", "full")]
     elif kind == "gluon_dq":
         kernels = [(f"{config.label} {mask}{' with dLSE' if dlse else ''}", compile_gluon_dq(config, D=D, causal=mask == "causal", dlse=dlse))
@@ -325,15 +331,19 @@ def spill_accepted(job) -> bool:
     faster), or a score-modifier variant of a `tl` kernel (they share the plain kernels' tiles; results/score_mods.csv
     measures them), or a Gluon forward kernel with a window and every other modifier at once (with D = 128 the
     one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6), or the Gluon dK/dV pass with every modifier
-    (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or the ws kernel with a window or
-    over packed sequences on a Triton release its Gluon kernels do not run on (`gluon.GLUON_RELEASES`; on Triton 3.9 it
-    spills 8 bytes with a window and no causal mask, 64 over packed sequences; none on 3.6). The Gluon forward kernels
-    with the other modifiers, or a window alone, may not spill."""
+    (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or its warp-specialised form with
+    a window (24–40 bytes on Triton 3.6 and 3.9, with ALiBi too), or the ws kernel with a window or over packed sequences,
+    or the warp-specialised dQ pass with a window, on a Triton release its Gluon kernels do not run on
+    (`gluon.GLUON_RELEASES`; on Triton 3.9 the ws kernel spills 8 bytes with a window and no causal mask, 64 over packed
+    sequences, the dQ pass's 128×128 tile 56 bytes with a causal window; none on 3.6). The Gluon forward kernels with
+    the other modifiers, or a window alone, may not spill."""
     kind, D, config, heads = job
     if kind == "modifiers" or (kind == "gluon_window" and heads != "alone"): return True
     if (kind in ("gluon_window", "gluon_varlen") and config.WARP_SPECIALIZE
             and triton_release() not in gluon.GLUON_RELEASES): return True
-    if kind == "gluon_dkdv": return heads == "every modifier" or (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
+    if kind == "gluon_dq" and heads == "window" and triton_release() not in gluon.GLUON_RELEASES: return True
+    if kind == "gluon_dkdv": return (heads == "every modifier" or (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
+                                     or (config.WARP_SPECIALIZE and heads in ("window", "window and alibi")))
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
 
 

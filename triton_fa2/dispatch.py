@@ -355,8 +355,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             if pick is None or refused(pick) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods,
-                                                                modified=mod_flags.get("WINDOW", False) or mod_flags.get("SOFTCAP", False),
-                                                                window=mod_flags.get("WINDOW", False)),
+                                                                softcap=mod_flags.get("SOFTCAP", False)),
                                run, rule)
             try: launched[i] = run(pick)
             except Exception as e:

@@ -20,7 +20,7 @@ from .backward import _backward_mod_flags, _delta_and_m, _dkdv_row_runs, _q_row_
 from .candidates import BACKWARD_GLUON, BACKWARD_GLUON_DQ, Candidate
 from .forward import LOG2E, _kv_key_bounds, _program_block
 from .gluon import _WS_CONSUMER_REGS, _descriptor, _tma_load, _ws_maxnreg, usable as _gluon_usable
-from .score_mods import ScoreMods, _mod_args, _score_mod, _softcap_slope, _tanh, _visible
+from .score_mods import ScoreMods, _mod_args, _score_mod, _softcap_slope, _tanh, _visible, _window_key_bounds
 
 # %% ../nbs/15_gluon_backward.ipynb #1d206fc8
 @gluon.jit
@@ -266,10 +266,16 @@ def launch_dkdv(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candida
 # %% ../nbs/15_gluon_backward.ipynb #8ad0233c
 @gluon.jit
 def _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr,
-                 CAUSAL: gl.constexpr):
-    "`_p_ds` where the accumulators started from M and Δ: s = Sᵀ − M / qk_scale, dp = dPᵀ − Δ."
+                 CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False, window=None):
+    """`_p_ds` where the accumulators started from M and Δ: s = Sᵀ − M / qk_scale, dp = dPᵀ − Δ. With WINDOW, `window` =
+    (full_end, window_left, window_right, seqlen_k) as `_p_ds` takes it: steps before `full_lo` or from `full_end` masked."""
     p = gl.exp2(s * qk_scale)
-    if CAUSAL:
+    if WINDOW:
+        full_end, window_left, window_right, seqlen_k = window
+        if (start_m < full_lo) | (start_m >= full_end):
+            p = gl.where(_visible((start_m + offs_m)[None, :], offs_n[:, None], seqlen_k, offset, window_left, window_right,
+                                  CAUSAL, True), p, 0.0)
+    elif CAUSAL:
         if start_m < full_lo:
             p = gl.where(offs_n[:, None] <= (start_m + offs_m)[None, :] + offset, p, 0.0)
     return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout((p * dp).to(dtype), a_layout)
@@ -309,10 +315,11 @@ def _dkdv_ws_producer(descs, smem, bars, where):
 
 @gluon.jit
 def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
-                      stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, alibi,
-                      CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False):
+                      stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, alibi, window,
+                      CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
     """Consumer warpgroup `me`: keys first_key + 64·me …, every step's rows: Sᵀ and dPᵀ (started from −M / scale and −Δ,
-    and with ALIBI the bias over scale: `alibi` = (SLOPES, stride_slopes_z)), P and dS, then dV and dK."""
+    and with ALIBI the bias over scale: `alibi` = (SLOPES, stride_slopes_z)), P and dS, then dV and dK. With WINDOW the
+    steps of the block's first and last runs of rows are masked (`window` as `_p_ds_folded` takes it)."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_smem, do_smem = smem
     kv_bars, ready, empty = bars
@@ -353,7 +360,7 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
         s_tok = warpgroup_mma(k, q.permute((1, 0)), s_start, is_async=True)        # Sᵀ − M / scale = K Qᵀ − M / scale
         dp_tok = warpgroup_mma(v, do.permute((1, 0)), dp_start, is_async=True)     # dPᵀ − Δ
         s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-        p16, ds16 = _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL)
+        p16, ds16 = _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL, WINDOW, window)
         dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)        # dV += Pᵀ dO
         dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)        # dK += dSᵀ Q
         dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
@@ -384,16 +391,18 @@ def _ws_pass_buffers(once_a_desc, once_b_desc, ring_a_desc, ring_b_desc, STAGES:
         mbarrier.init(empty.index(i), count=2)             # both consumers release a slot
     return once_a, once_b, ring_a, ring_b, once_bars, ready, empty
 
-@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
+@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "window_left", "window_right"])
 def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of BLOCK_M rows, K, V of 64
                       DK, DV, M, DELTA,                   # dk, dv (B, Hkv, Lk, D) any strides; m, delta (B, Hq, Lq)
                       stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                       num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                       SLOPES, stride_slopes_z,            # with ALIBI: float32 slopes (B or 1, Hq)
+                      window_left, window_right,          # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
                       HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, ALIBI: gl.constexpr = False):
+                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, ALIBI: gl.constexpr = False,
+                      WINDOW: gl.constexpr = False):
     """`_attn_bwd_dkdv_gluon`'s program (128 keys of a batch and KV head, its group's query heads summed, the same row
-    bounds) as a loading warp and two consumer warpgroups of 64 keys."""
+    bounds, with a window its three runs of rows) as a loading warp and two consumer warpgroups of 64 keys."""
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = 2 * KEYS
@@ -402,8 +411,15 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     off_z = off_zh // num_heads_kv
     off_hkv = off_zh % num_heads_kv
     first_key = start_n * BLOCK_N
-    lo, full_lo = _q_row_bounds(first_key, gl.minimum(first_key + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-    end = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+    if WINDOW:   # the rows whose window holds a key of the block: masked, unmasked, masked (the `tl` pass's runs)
+        lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                                                    CAUSAL, True)
+        end = gl.cdiv(end, BLOCK_M) * BLOCK_M
+    else:
+        lo, full_lo = _q_row_bounds(first_key, gl.minimum(first_key + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
+        end = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+        full_end = end
+    window = (full_end, window_left, window_right, seqlen_k)
     per_head = gl.maximum((end - lo) // BLOCK_M, 1)
     n_steps = gl.where(end > lo, per_head * group_size, 0)
     head0 = off_hkv * group_size
@@ -416,10 +432,10 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     where = (off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0)
     gl.warp_specialize([(_dkdv_ws_consumer, (0, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             (SLOPES, stride_slopes_z), CAUSAL, ALIBI)),
+                                             (SLOPES, stride_slopes_z), window, CAUSAL, ALIBI, WINDOW)),
                         (_dkdv_ws_consumer, (1, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             (SLOPES, stride_slopes_z), CAUSAL, ALIBI)),
+                                             (SLOPES, stride_slopes_z), window, CAUSAL, ALIBI, WINDOW)),
                         (_dkdv_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
@@ -427,23 +443,23 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
 def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
     "`_attn_bwd_dkdv_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 keys."
     flags = _backward_mod_flags(mods, causal)
-    if flags["WINDOW"] or flags["SOFTCAP"]:
-        raise ValueError(f"{candidate.label} takes no window or softcap: `_attn_bwd_dkdv_gluon` does")
+    if flags["SOFTCAP"]:
+        raise ValueError(f"{candidate.label} takes no softcap: `_attn_bwd_dkdv_gluon` does")
     if candidate.BLOCK_N != 128 or candidate.num_warps != 4:
         raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 keys (BLOCK_N 128, 4 warps each)")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
-    slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[4:6]
+    window_left, window_right, _, _, slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[:6]
     named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, 64), v_desc=_descriptor(v, 64),
                  do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
                  stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
                  stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
-                 SLOPES=slopes, stride_slopes_z=stride_slopes_z,
+                 SLOPES=slopes, stride_slopes_z=stride_slopes_z, window_left=window_left, window_right=window_right,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, STAGES=c.num_stages,
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS), ALIBI=flags["ALIBI"],
-                 **COMPILE_OPTIONS)
+                 WINDOW=flags["WINDOW"], **COMPILE_OPTIONS)
     return named, triton.cdiv(Lk, 128) * B * Hkv
 
 _DKDV_WS_ARGS = list(inspect.signature(_attn_bwd_dkdv_ws.fn).parameters)
@@ -455,7 +471,7 @@ def _dq_ws_producer(descs, smem, bars, where):
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_smem, v_smem = smem
     q_bars, ready, empty = bars
-    off_z, off_h, off_hkv, first_row, n_steps = where
+    off_z, off_h, off_hkv, first_row, lo, n_steps = where
     stages: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     ROWS: gl.constexpr = q_smem.shape[3]
@@ -465,21 +481,23 @@ def _dq_ws_producer(descs, smem, bars, where):
         _tma_load(do_desc, [off_z, off_h, first_row + c * ROWS, 0], q_bars.index(c), do_smem.index(c))
     for t in range(n_steps):
         mbarrier.wait(empty.index(t % stages), ((t // stages) & 1) ^ 1)    # a fresh barrier counts as its phase 1 done
-        _issue_rows(k_desc, v_desc, off_z, off_hkv, t * BLOCK_N, ready, k_smem, v_smem, t, True)
+        _issue_rows(k_desc, v_desc, off_z, off_hkv, lo + t * BLOCK_N, ready, k_smem, v_smem, t, True)
 
 
 @gluon.jit
 def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, CAUSAL: gl.constexpr,
+                    num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, window, CAUSAL: gl.constexpr,
                     PREPROCESS: gl.constexpr, HAS_DLSE: gl.constexpr, SOFTCAP: gl.constexpr = False,
-                    ALIBI: gl.constexpr = False):
+                    ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
     """Consumer warpgroup `me`: rows first_row + 64·me …, over the keys they see; the ring's later steps only released.
     `mods` = (softcap_scale, softcap_log2, SLOPES, stride_slopes_z): with SOFTCAP the scores are 14's c·tanh(S·scale / c)
-    and dS takes its derivative; with ALIBI each score takes its bias, as `_attn_bwd_dkdv_ws`'s do."""
+    and dS takes its derivative; with ALIBI each score takes its bias, as `_attn_bwd_dkdv_ws`'s do. With WINDOW
+    (`window` = (window_left, window_right)) only the steps of keys its rows' windows hold, the edges masked."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_smem, v_smem = smem
     q_bars, ready, empty = bars
-    off_z, off_h, off_hkv, first_row, n_steps = where
+    off_z, off_h, off_hkv, first_row, lo, n_steps = where
+    window_left, window_right = window
     dtype: gl.constexpr = q_desc.dtype
     stages: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -508,8 +526,12 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
     else:
         m = gl.load(M + at + rows, mask=rows < seqlen_q, other=float("inf"))   # rows past Lq: P = 0
         delta = gl.load(DELTA + at + rows, mask=rows < seqlen_q, other=0.0)
-    full_end, end, _ = _kv_key_bounds(row0, gl.minimum(row0 + ROWS, seqlen_q) - 1, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
-    my_steps = gl.cdiv(end, BLOCK_N)
+    if WINDOW:   # the ring starts at the block's first key (`lo`); this consumer's keys are [my_lo, end), masked outside
+        my_lo, full_lo, full_end, end = _window_key_bounds(row0, gl.minimum(row0 + ROWS, seqlen_q) - 1, seqlen_q, seqlen_k,
+                                                           window_left, window_right, BLOCK_N)
+    else:
+        full_end, end, _ = _kv_key_bounds(row0, gl.minimum(row0 + ROWS, seqlen_q) - 1, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        my_steps = gl.cdiv(end, BLOCK_N)
     offset = seqlen_k - seqlen_q
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
@@ -524,13 +546,15 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
     for t in range(n_steps):
         slot = t % stages
         mbarrier.wait(ready.index(slot), (t // stages) & 1)
-        if t < my_steps:
+        start_n = lo + t * BLOCK_N
+        if WINDOW: mine = (start_n >= my_lo) & (start_n < end)
+        else: mine = t < my_steps
+        if mine:
             k = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
             v = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
             s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)     # S = Q Kᵀ
             dp_tok = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)   # dP = dO Vᵀ
             s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            start_n = t * BLOCK_N
             if SOFTCAP:                                             # base-2 logits c·tanh(S·scale / c)·log2 e, 14's `_score_mod`
                 cap = _tanh(s * softcap_scale)
                 logits = cap * softcap_log2
@@ -540,10 +564,11 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
                                     CAUSAL and start_n < full_end, 1)
                 p = gl.exp2(logits + bias)
             else: p = gl.exp2(logits - m[:, None])
-            if start_n >= full_end:                                 # the causal diagonal, or Lk's partial (zero-filled) tile
-                cols = start_n + offs_n
-                visible = cols[None, :] < seqlen_k
-                if CAUSAL: visible = visible & (cols[None, :] <= rows[:, None] + offset)
+            if WINDOW: masked = (start_n < full_lo) | (start_n >= full_end)
+            else: masked = start_n >= full_end                      # the causal diagonal, or Lk's partial (zero-filled) tile
+            if masked:
+                visible = _visible(rows[:, None], (start_n + offs_n)[None, :], seqlen_k, offset, window_left, window_right,
+                                   CAUSAL, WINDOW)
                 p = gl.where(visible, p, 0.0)
             ds = p * (dp - delta[:, None])
             if SOFTCAP: ds = ds * (1.0 - cap * cap)                 # the chain rule through the cap (`_softcap_slope`)
@@ -558,7 +583,7 @@ def _dq_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DQ, M, DELTA, st
     gl.store(ptrs, dq.to(DQ.dtype.element_ty), mask=rows_o[:, None] < seqlen_q)
 
 
-@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k"])
+@gluon.jit(do_not_specialize=["num_heads_q", "group_size", "seqlen_q", "seqlen_k", "window_left", "window_right"])
 def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L, D) views: Q, dO tiles of 64 rows, K, V of BLOCK_N
                     DQ, M, DELTA,                      # dq (B, Hq, Lq, D) any strides; m, delta (B, Hq, Lq)
                     O, LSE, DLSE,                      # with PREPROCESS: o as q; lse, dlse (B, Hq, Lq): M and Δ computed and stored
@@ -566,10 +591,11 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
                     num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                     softcap_scale, softcap_log2,       # with SOFTCAP: scale / c and c · log2(e) (14)
                     SLOPES, stride_slopes_z,           # with ALIBI: float32 slopes (B or 1, Hq)
+                    window_left, window_right,         # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
                     PREPROCESS: gl.constexpr = False, HAS_DLSE: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                    ALIBI: gl.constexpr = False):
+                    ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
     """`_attn_bwd_dq`'s program (128 rows of a batch and query head, the same key bounds) as a loading warp and two
     consumer warpgroups of 64 rows; with PREPROCESS each consumer first computes its rows' Δ and M and stores them."""
     dtype: gl.constexpr = q_desc.dtype
@@ -580,23 +606,29 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
     off_h = off_zh % num_heads_q
     off_hkv = off_h // group_size
     first_row = start_m * BLOCK_M
-    _, end, _ = _kv_key_bounds(first_row, gl.minimum(first_row + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
-    n_steps = gl.cdiv(end, BLOCK_N)
+    last_row = gl.minimum(first_row + BLOCK_M, seqlen_q) - 1
+    if WINDOW:   # only the keys some row's window holds: the ring starts at the first of them
+        lo, _, _, end = _window_key_bounds(first_row, last_row, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N)
+    else:
+        _, end, _ = _kv_key_bounds(first_row, last_row, seqlen_q, seqlen_k, BLOCK_N, CAUSAL)
+        lo = 0
+    n_steps = gl.cdiv(end - lo, BLOCK_N)
 
     q_smem, do_smem, k_smem, v_smem, q_bars, ready, empty = _ws_pass_buffers(q_desc, do_desc, k_desc, v_desc, STAGES)
 
     descs = (q_desc, k_desc, v_desc, do_desc)
     smem = (q_smem, do_smem, k_smem, v_smem)
     bars = (q_bars, ready, empty)
-    where = (off_z, off_h, off_hkv, first_row, n_steps)
+    where = (off_z, off_h, off_hkv, first_row, lo, n_steps)
+    window = (window_left, window_right)
     pre = (O, LSE, DLSE, stride_oz, stride_oh, stride_om)
     mods = (softcap_scale, softcap_log2, SLOPES, stride_slopes_z)
     gl.warp_specialize([(_dq_ws_consumer, (0, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, CAUSAL, PREPROCESS,
-                                           HAS_DLSE, SOFTCAP, ALIBI)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, window, CAUSAL,
+                                           PREPROCESS, HAS_DLSE, SOFTCAP, ALIBI, WINDOW)),
                         (_dq_ws_consumer, (1, descs, smem, bars, where, DQ, M, DELTA, stride_dqz, stride_dqh, stride_dqm,
-                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, CAUSAL, PREPROCESS,
-                                           HAS_DLSE, SOFTCAP, ALIBI)),
+                                           num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, pre, mods, window, CAUSAL,
+                                           PREPROCESS, HAS_DLSE, SOFTCAP, ALIBI, WINDOW)),
                         (_dq_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
@@ -604,22 +636,20 @@ def _attn_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H, L
 # %% ../nbs/15_gluon_backward.ipynb #b2e36228
 def gluon_dq_applies(q, head_dim:int, use_tma:bool, mods:ScoreMods=None, causal:bool=False) -> bool:
     """Whether `_attn_bwd_dq_ws` may run this backward: the Gluon kernels usable on q ([11](11_gluon.ipynb)), every
-    tensor through descriptors, D 64 or 128, and no window (softcap and ALiBi it takes; a sink changes only the LSE it reads)."""
-    return use_tma and head_dim in BACKWARD_GLUON_DQ and _gluon_usable(q) and not _backward_mod_flags(mods, causal)["WINDOW"]
+    tensor through descriptors, D 64 or 128. Every score modifier of 14 it takes (a sink changes only the LSE it reads)."""
+    return use_tma and head_dim in BACKWARD_GLUON_DQ and _gluon_usable(q)
 
 def _dq_ws_arguments(q, k, v, do, dq, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None,
                      preprocess:tuple=None) -> tuple:
     """`_attn_bwd_dq_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 rows.
     `preprocess`: (o, lse, dlse or None), as `backward.launch_dq` takes it."""
     flags = _backward_mod_flags(mods, causal)
-    if flags["WINDOW"]:
-        raise ValueError(f"{candidate.label} takes no window: the `tl` dQ pass does")
     if candidate.BLOCK_M != 128 or candidate.num_warps != 4:
         raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 rows (BLOCK_M 128, 4 warps each)")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
-    softcap_scale, softcap_log2, slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[2:6]
+    window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[:6]
     o, lse, dlse = preprocess if preprocess is not None else (dq, m, None)   # unread without PREPROCESS
     named = dict(q_desc=_descriptor(q, 64), k_desc=_descriptor(k, c.BLOCK_N), v_desc=_descriptor(v, c.BLOCK_N),
                  do_desc=_descriptor(do, 64), DQ=dq, M=m, DELTA=delta, O=o, LSE=lse, DLSE=lse if dlse is None else dlse,
@@ -629,7 +659,8 @@ def _dq_ws_arguments(q, k, v, do, dq, m, delta, causal:bool, scale:float, candid
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_N=c.BLOCK_N, STAGES=c.num_stages,
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS),
                  softcap_scale=softcap_scale, softcap_log2=softcap_log2, SLOPES=slopes, stride_slopes_z=stride_slopes_z,
-                 SOFTCAP=flags["SOFTCAP"], ALIBI=flags["ALIBI"],
+                 window_left=window_left, window_right=window_right,
+                 SOFTCAP=flags["SOFTCAP"], ALIBI=flags["ALIBI"], WINDOW=flags["WINDOW"],
                  PREPROCESS=preprocess is not None, HAS_DLSE=dlse is not None, **COMPILE_OPTIONS)
     return named, triton.cdiv(Lq, 128) * B * Hq
 
