@@ -326,7 +326,8 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
 
 
 def test_a_gluon_dkdv_config_where_it_cannot_run_is_refused():
-    q, k, v, do = (randn(1, 2, 40, 64) for _ in range(4))
+    "Where the Gluon kernels cannot run (no sm_90, or a head dim they lack), naming one is an error, not a silent other pass."
+    q, k, v, do = (randn(1, 2, 40, 96) for _ in range(4))
     with pytest.raises(ValueError, match="runs only on sm_90 with Gluon"):
         poisoned_backward(q, k, v, do, True, configs=(BACKWARD_GLUON[64][0], None))
 

@@ -344,8 +344,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             pick = configs[i] if configs is not None else None
             if pick is not None:                               # a test's candidate: its failure is what the test is for
                 if refused(pick):
-                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128"
-                                     + (", without a window" if pick.kernel == "gluon_dq" else ""))
+                    raise ValueError(f"{pick.label} runs only on sm_90 with Gluon, through TMA views, for D 64 or 128")
                 run(pick)
                 picks[i] = pick
                 continue
