@@ -332,7 +332,7 @@ def spill_accepted(job) -> bool:
     measures them), or a Gluon forward kernel with a window and every other modifier at once (with D = 128 the
     one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6), or the Gluon dK/dV pass with every modifier
     (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or its warp-specialised form with
-    a window (24–40 bytes on Triton 3.6 and 3.9, with ALiBi too), or the ws kernel with a window or over packed sequences,
+    a window (24 bytes on Triton 3.6, as the accepted plain causal tile, 32–40 with ALiBi too), or the ws kernel with a window or over packed sequences,
     or the warp-specialised dQ pass with a window, on a Triton release its Gluon kernels do not run on
     (`gluon.GLUON_RELEASES`; on Triton 3.9 the ws kernel spills 8 bytes with a window and no causal mask, 64 over packed
     sequences, the dQ pass's 128×128 tile 56 bytes with a causal window; none on 3.6). The Gluon forward kernels with
