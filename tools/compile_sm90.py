@@ -333,15 +333,15 @@ def spill_accepted(job) -> bool:
     one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6), or the Gluon dK/dV pass with every modifier
     (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or its warp-specialised form with
     a window (24 bytes on Triton 3.6, as the accepted plain causal tile, 32–40 with ALiBi too), or the ws kernel with a window or over packed sequences,
-    or the warp-specialised dQ pass with a window, on a Triton release its Gluon kernels do not run on
+    or either Gluon backward pass with score modifiers, on a Triton release its Gluon kernels do not run on
     (`gluon.GLUON_RELEASES`; on Triton 3.9 the ws kernel spills 8 bytes with a window and no causal mask, 64 over packed
-    sequences, the dQ pass's 128×128 tile 56 bytes with a causal window; none on 3.6). The Gluon forward kernels with
-    the other modifiers, or a window alone, may not spill."""
+    sequences, the dQ pass's 128×128 tile 56 bytes with a causal window; on 3.8 its 128×64 tile 8 bytes with every
+    modifier; none on 3.6). The Gluon forward kernels with the other modifiers, or a window alone, may not spill."""
     kind, D, config, heads = job
     if kind == "modifiers" or (kind == "gluon_window" and heads != "alone"): return True
     if (kind in ("gluon_window", "gluon_varlen") and config.WARP_SPECIALIZE
             and triton_release() not in gluon.GLUON_RELEASES): return True
-    if kind == "gluon_dq" and heads == "window" and triton_release() not in gluon.GLUON_RELEASES: return True
+    if kind in ("gluon_dq", "gluon_dkdv") and heads is not None and triton_release() not in gluon.GLUON_RELEASES: return True
     if kind == "gluon_dkdv": return (heads == "every modifier" or (config, D) in candidates.BACKWARD_SPILLS_ACCEPTED
                                      or (config.WARP_SPECIALIZE and heads in ("window", "window and alibi")))
     return kind == "backward" and not heads[1] and (Candidate(heads[0], *config), D) in candidates.BACKWARD_SPILLS_ACCEPTED
