@@ -16,7 +16,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
-from .backward import _backward_mod_flags, _delta_and_m, _dkdv_row_runs, _q_row_bounds
+from .backward import _backward_mod_flags, _delta_and_m, _dkdv_row_runs
 from .candidates import BACKWARD_GLUON, BACKWARD_GLUON_DQ, Candidate
 from .forward import LOG2E, _kv_key_bounds, _program_block
 from .gluon import _WS_CONSUMER_REGS, _descriptor, _tma_load, _ws_maxnreg, usable as _gluon_usable
@@ -130,14 +130,10 @@ def _attn_bwd_dkdv_gluon(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B,
         mbarrier.init(bars.index(i), count=1)
 
     first_key = start_n * BLOCK_N
-    if WINDOW:   # the rows whose window holds a key of the block: masked, unmasked, masked (the `tl` pass's runs)
-        lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
-                                                    CAUSAL, True)
-        end = gl.cdiv(end, BLOCK_M) * BLOCK_M
-    else:
-        lo, full_lo = _q_row_bounds(first_key, gl.minimum(first_key + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-        end = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
-        full_end = end
+    # the rows that see a key of the block, as the `tl` pass's runs: masked, unmasked, masked (the last only with a window)
+    lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                                                CAUSAL, WINDOW)
+    if WINDOW: end = gl.cdiv(end, BLOCK_M) * BLOCK_M          # whole blocks (without a window `end` is already)
     window = (full_end, window_left, window_right, seqlen_k)
     per_head = gl.maximum((end - lo) // BLOCK_M, 1)
     n_steps = gl.where(end > lo, per_head * group_size, 0)
@@ -411,14 +407,10 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     off_z = off_zh // num_heads_kv
     off_hkv = off_zh % num_heads_kv
     first_key = start_n * BLOCK_N
-    if WINDOW:   # the rows whose window holds a key of the block: masked, unmasked, masked (the `tl` pass's runs)
-        lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
-                                                    CAUSAL, True)
-        end = gl.cdiv(end, BLOCK_M) * BLOCK_M
-    else:
-        lo, full_lo = _q_row_bounds(first_key, gl.minimum(first_key + BLOCK_N, seqlen_k) - 1, seqlen_q, seqlen_k, BLOCK_M, CAUSAL)
-        end = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
-        full_end = end
+    # the rows that see a key of the block, as the `tl` pass's runs: masked, unmasked, masked (the last only with a window)
+    lo, full_lo, full_end, end = _dkdv_row_runs(start_n, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                                                CAUSAL, WINDOW)
+    if WINDOW: end = gl.cdiv(end, BLOCK_M) * BLOCK_M          # whole blocks (without a window `end` is already)
     window = (full_end, window_left, window_right, seqlen_k)
     per_head = gl.maximum((end - lo) // BLOCK_M, 1)
     n_steps = gl.where(end > lo, per_head * group_size, 0)
