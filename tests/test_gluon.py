@@ -291,6 +291,19 @@ def test_gpu_overflow_falls_back_online(dtype):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_overflow_with_softcap_falls_back_online(dtype):
+    """Softcap 200 lets key 0's logit stand about 250 (base 2) above every later row's diagonal maximum: the unmasked run's
+    exp2, a quarter of it on the FMA pipe (`_exp2_fma_quarter`), overflows to +inf in every lane, and the block is redone."""
+    q, k, v = overflowing_inputs(128, dtype)
+    mods = ScoreMods(softcap=200.0)
+    for causal in (True, False):
+        for config in CANDIDATES:
+            if takes(config, mods): check_gluon_mods(q, k, v, causal, config, mods)
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_negative_scale():
     q, k, v = (randn(1, 2, 300, 128) for _ in range(3))
     for config in CANDIDATES: check_gluon(q, k, v, True, config, scale=-0.05)

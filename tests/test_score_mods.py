@@ -285,6 +285,39 @@ def gpu_cases(dtype, seqlen_d64:int, alibi:str):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None, reason="PTX: an NVIDIA GPU")
+def test_gpu_exp2_with_a_quarter_on_the_fma_pipe():
+    """`_exp2_fma_quarter` against 2^x in float64: relative error below 1e-4 from −126 to 127; one element in four off
+    `ex2.approx` (error above 1e-6), each of those as the NumPy model `exp2_fma` gives it; 0 below −126 and for −∞, +∞
+    from 128 on, in every lane (whole tensors of each edge, whatever the layout packs together)."""
+    import triton
+    import triton.language as tl
+    from triton_fa2.score_mods import _exp2_fma_quarter, exp2_fma
+
+    @triton.jit
+    def exp2_kernel(X, Y, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(Y + offs, _exp2_fma_quarter(tl.load(X + offs)))
+
+    def run(x):
+        y = torch.full_like(x, float("nan"))
+        exp2_kernel[(x.numel() // 1024,)](x, y, BLOCK=1024)
+        return y
+
+    x = torch.linspace(-126, 127, 2 ** 18, device=DEVICE)[torch.randperm(2 ** 18, device=DEVICE)]
+    y = run(x)
+    rel = (y.double() / torch.exp2(x.double()) - 1).abs()
+    assert rel.max() < 1e-4, rel.max()
+    on_fma = rel > 1e-6
+    assert 0.2 < on_fma.float().mean() <= 0.25, on_fma.float().mean()
+    model = torch.from_numpy(exp2_fma(x[on_fma].cpu().numpy())).to(DEVICE)
+    assert ((y[on_fma] - model).abs() <= 2 * torch.finfo(torch.float32).eps * model).all()
+    for edge, want in [(-float("inf"), 0.0), (-126.5, 0.0), (-300.0, 0.0), (128.0, float("inf")), (1000.0, float("inf")),
+                       (float("inf"), float("inf"))]:
+        assert (run(torch.full((4096,), edge, device=DEVICE)) == want).all(), edge
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_matrix(dtype, causal):

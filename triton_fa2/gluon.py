@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from .candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, Candidate
 from .forward import LOG2E, _kv_key_bounds, _normalize_rows, _program_block
-from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _exp2_softcapped, _rows_start, _score_mod, _visible, _window_key_bounds
 from .validation import _capability
 from .varlen import _packed_block, _sequence, packed_slots
 
@@ -195,8 +195,12 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
         # and −slope·(p − j) = slope·(j − start_n) − slope·(p − start_n): one FMA on the tile's key offsets, the rows' part
         # folded into their fixed maximum (no distance, absolute value or conversion per score)
         rows_part = (slope_log2 * (offs_m + offset - start_n).to(gl.float32))[:, None] + m_fixed
-        return gl.exp2(qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part))
-    return gl.exp2(qk - m_fixed)
+        x = qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part)
+    else:
+        x = qk - m_fixed
+    if SOFTCAP and not EXACT_TANH:   # the tanh took the multi-function unit's other turn: a quarter of exp2 on the FMA pipe
+        return _exp2_softcapped(x)
+    return gl.exp2(x)
 
 # %% ../nbs/11_gluon.ipynb #d0e2059e
 @gluon.jit

@@ -33,7 +33,7 @@ def packed_slots(total:int, batch:int, block:int) -> int:
     return total // block + batch
 
 @triton.jit
-def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr):
+def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr, SCAN: tl.constexpr = 16):
     """Program `pid`'s sequence, its block in that sequence, and the index the slots repeat over (the head), on a grid of
     `packed_slots` slots per head. A block at or past its sequence's end is a spare slot: its program returns; so is a
     slot before the first sequence's first one (offsets that start past row 0), given block `num_slots`, past any
@@ -41,14 +41,21 @@ def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGES
     keys, start first."""
     slot = pid % num_slots
     if LONGEST_FIRST: slot = num_slots - 1 - slot
-    z = pid * 0                                         # binary search: the last sequence whose first slot is ≤ slot
-    end = z + batch
-    while end - z > 1:
+    z = pid * 0                                         # the last sequence whose first slot is ≤ slot: halving while
+    end = z + batch                                     # more than SCAN sequences are left (each step a trip to memory),
+    while end - z > SCAN:
         mid = (z + end) // 2
         starts_before = tl.load(CU_SEQLENS + mid) // BLOCK + mid <= slot
         z = tl.where(starts_before, mid, z)
         end = tl.where(starts_before, end, mid)
-    block = slot - (tl.load(CU_SEQLENS + z) // BLOCK + z)
+    first, start = z, slot + 1                          # then the last SCAN offsets read at once, loads that wait on
+    for i in tl.static_range(SCAN):                     # nothing: one trip (none before: block −1, a spare slot)
+        at = first + i
+        first_slot = tl.load(CU_SEQLENS + at, mask=at < end, other=0) // BLOCK + at
+        starts_before = (at < end) & (first_slot <= slot)
+        z = tl.where(starts_before, at, z)
+        start = tl.where(starts_before, first_slot, start)
+    block = slot - start
     return z, tl.where(block < 0, num_slots, block), pid // num_slots
 
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_slots", "batch"])
