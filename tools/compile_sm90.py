@@ -215,10 +215,13 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
-            if c.WARP_SPECIALIZE:                                         # takes windows and ALiBi, no softcap
+            if c.WARP_SPECIALIZE:                                         # every modifier; softcap where it does not spill
                 jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dkdv", D, c, "alibi")))
                 jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
                 jobs.append((f"backward {c.label} D={D} window and ALiBi", ("gluon_dkdv", D, c, "window and alibi")))
+                if (c, D) not in candidates.BACKWARD_GLUON_SOFTCAP_SPILLS:
+                    jobs.append((f"backward {c.label} D={D} with softcap", ("gluon_dkdv", D, c, "softcap")))
+                    jobs.append((f"backward {c.label} D={D} with every modifier", ("gluon_dkdv", D, c, "every modifier")))
                 continue
             jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
             if (c, D) not in candidates.BACKWARD_GLUON_SCORE_SPILLS:   # those never take softcap or ALiBi
@@ -266,7 +269,7 @@ def compile_job(job) -> list:
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     elif kind == "gluon_dkdv":
-        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True), "alibi": ALIBI_ALONE,
+        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True), "alibi": ALIBI_ALONE, "softcap": SOFTCAP_ALONE,
                 "window and alibi": ALIBI_ALONE._replace(window_size=WINDOW_ALONE.window_size)}.get(heads)
         kernels = [(f"{config.label} {mask}" + (f" with {'a window' if heads == 'window' else heads}" if mods else ""),
                     compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
@@ -297,6 +300,7 @@ def compile_job(job) -> list:
 
 
 WINDOW_ALONE = fwd.ScoreMods(window_size=(4095, 0))
+SOFTCAP_ALONE = fwd.ScoreMods(softcap=50.0)
 ALIBI_ALONE = fwd.ScoreMods(alibi_slopes=torch.empty(8))   # per head, as compile_gluon_dkdv's and compile_gluon_dq's Hq
 
 

@@ -7,9 +7,9 @@ Docs: https://triton-fa2.github.io/triton_fa2/candidates.html.md"""
 # %% auto #0
 __all__ = ['TUNED_HEAD_DIMS', 'PREFILL_TL', 'ANY_HEAD_DIM', 'GLUON_HEAD_DIMS', 'PREFILL_GLUON', 'WARP_SPECIALIZED_HEAD_DIMS',
            'DECODE', 'INTERPRETER_PREFILL', 'INTERPRETER_DECODE', 'VARLEN_PREFILL_SPILLS', 'BACKWARD', 'BACKWARD_GLUON',
-           'BACKWARD_GLUON_DQ', 'BACKWARD_GLUON_SCORE_SPILLS', 'INTERPRETER_BACKWARD', 'VARLEN_BACKWARD_SPILLS',
-           'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits', 'prefill_candidates', 'decode_candidates',
-           'backward_candidates']
+           'BACKWARD_GLUON_DQ', 'BACKWARD_GLUON_SCORE_SPILLS', 'BACKWARD_GLUON_SOFTCAP_SPILLS', 'INTERPRETER_BACKWARD',
+           'VARLEN_BACKWARD_SPILLS', 'BACKWARD_SPILLS_ACCEPTED', 'Candidate', 'fits', 'prefill_candidates',
+           'decode_candidates', 'backward_candidates']
 
 # %% ../nbs/93_candidates.ipynb #1822796c
 from .runtime import COMPILE_OPTIONS, interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -169,9 +169,11 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
 # The dK/dV pass in Gluon on sm_90 (15), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
 # pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them. At D 128
 # the warp-specialised pass (a loading warp, two consumer warpgroups of 64 keys) is faster still (1.10–1.17× the 64×128
-# tile, `lab/data/backward_gluon_dkdv_ws_h200.log`; at D 64 it is slower) but takes no softcap (`backward_candidates`)
+# tile, `lab/data/backward_gluon_dkdv_ws_h200.log`; at D 64 it is slower). Its 32-row steps are for softcap, on which
+# the 64-row steps spill (`BACKWARD_GLUON_SOFTCAP_SPILLS`)
 BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
-                  128: (Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dkdv", 64, 128, 8, 2),
+                  128: (Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True),
+                        Candidate("gluon_dkdv", 32, 128, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dkdv", 64, 128, 8, 2),
                         Candidate("gluon_dkdv", 32, 64, 4, 2))}
 # The dQ pass in Gluon on sm_90 (15), warp-specialised: BLOCK_M rows per program, a consumer warpgroup per 64 of them,
 # BLOCK_N keys per step through a ring of `num_stages` slots
@@ -180,7 +182,11 @@ BACKWARD_GLUON_DQ = {D: (Candidate("gluon_dq", 128, 64, 4, 2, WARP_SPECIALIZE=Tr
 # The Gluon candidates that softcap or ALiBi (14) push into heavy spills on sm_90 (`tools/compile_sm90.py`): the 64×128
 # dK/dV tile (104–120 B per thread on causal with either, 232–280 B with both, Triton 3.6 and 3.9) and the dQ pass's
 # 128×128 (80–448 B with ALiBi on Triton 3.6): backwards with those take the others
-BACKWARD_GLUON_SCORE_SPILLS = frozenset({(BACKWARD_GLUON[128][1], 128), *((BACKWARD_GLUON_DQ[D][2], D) for D in BACKWARD_GLUON_DQ)})
+BACKWARD_GLUON_SCORE_SPILLS = frozenset({(BACKWARD_GLUON[128][2], 128), *((BACKWARD_GLUON_DQ[D][2], D) for D in BACKWARD_GLUON_DQ)})
+# Softcap's tanh, kept for its derivative, and each row's M, which cannot start Sᵀ's accumulator under the cap, push
+# the warp-specialised dK/dV pass's 64-row steps into spills (136–240 B per thread on causal, Triton 3.6); its 32-row
+# steps spill nothing with any modifier
+BACKWARD_GLUON_SOFTCAP_SPILLS = frozenset({(BACKWARD_GLUON[128][0], 128)})
 INTERPRETER_BACKWARD = {"bwd_dkdv": Candidate("bwd_dkdv", 16, 32, 4, 1), "bwd_dq": Candidate("bwd_dq", 32, 16, 4, 1)}
 # Packed sequences (13) take the pointer tables, but for these (candidate, head-dim tile width): the few registers their
 # sequence offsets add make ptxas spill on sm_90 (`tools/compile_sm90.py --all`)
@@ -192,7 +198,7 @@ VARLEN_BACKWARD_SPILLS = frozenset({(Candidate("bwd_dq", 64, 64, 4, 3), 128), (C
 BACKWARD_SPILLS_ACCEPTED = frozenset({(Candidate(kernel, *t), d) for kernel, t, d in (
     ("bwd_dkdv", (32, 128, 4, 3), 64), ("bwd_dkdv", (32, 64, 4, 3), 128), ("bwd_dkdv", (64, 128, 8, 2), 128),
     ("bwd_dkdv", (64, 64, 8, 2), 256), ("bwd_dkdv", (32, 64, 8, 2), 256), ("bwd_dq", (128, 32, 8, 2), 256))}) | {
-    (BACKWARD_GLUON[128][1], 128),   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
+    (BACKWARD_GLUON[128][2], 128),   # 255 registers and 8–24 B spilled on causal, yet 1.12× the best `tl` tile
     (BACKWARD_GLUON[128][0], 128)}   # the warp-specialised pass: 24 B on causal with Triton 3.6–3.8, yet 1.10–1.17× that tile
 
 def _backward_smem_bytes(c:Candidate, block_d:int, itemsize:int=2) -> int:
@@ -208,7 +214,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
                         gluon:bool=False,   # the passes in Gluon may run (`gluon_backward.gluon_dkdv_applies`): their candidates first
                         score_mods:bool=False,   # softcap or ALiBi change the scores: not the Gluon candidates they make spill
-                        softcap:bool=False,      # softcap: not the warp-specialised dK/dV pass (windows and ALiBi it takes)
+                        softcap:bool=False,      # softcap: not the warp-specialised dK/dV tile it makes spill
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
@@ -218,7 +224,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
     kept = kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]
     if gluon and kernel == "bwd_dkdv" and not (pointers or varlen):
         kept = [c for c in BACKWARD_GLUON.get(head_dim, ()) if not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)
-                and not (softcap and c.WARP_SPECIALIZE)] + kept
+                and not (softcap and (c, head_dim) in BACKWARD_GLUON_SOFTCAP_SPILLS)] + kept
     if gluon and kernel == "bwd_dq" and not (pointers or varlen):
         kept = [c for c in BACKWARD_GLUON_DQ.get(head_dim, ()) if _backward_smem_bytes(c, block_d) <= smem_limit
                 and not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)] + kept
