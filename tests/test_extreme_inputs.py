@@ -239,3 +239,49 @@ def test_packed_sequences_with_scores_past_fp16_range(dtype):
                                            upcast=torch.float64)
             assert out_error(seq(out, q0, q1), o_ref) <= TOL[dtype], (causal, b)
             assert (lse[:, q0:q1].double() - lse_ref[0]).abs().max() <= 1e-2, (causal, b)
+
+
+# --- K and V with strides of their own --------------------------------------------------------------------------------
+
+def test_k_and_v_with_different_strides():
+    """A kernel that addresses V with K's strides (they agree whenever both come from one layout) reads the wrong
+    values the moment they differ: K (B, L, H, D) contiguous, V a (B, H, L, D) tensor seen as (B, L, H, D), and a slice
+    of heads of a wider buffer. Through flash_attn_func forward and backward, flash_attn_with_kvcache (contiguous and
+    paged) and flash_attn_varlen_func, each against float64; gradients land in V's own layout."""
+    B, L, Hq, Hkv, D = 2, 37, 4, 2, 32
+    q = randn(B, L, Hq, D)
+    k = randn(B, L, Hkv, D)                                          # contiguous
+    v = randn(B, Hkv, L, D).transpose(1, 2)                          # heads outermost: strides unlike k's
+    assert k.stride() != v.stride()
+    do = randn(B, L, Hq, D) * 0.25
+    as_bhld = lambda t: t.transpose(1, 2)
+    q_, k_, v_ = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    for causal in (False, True):
+        out = triton_fa2.flash_attn_func(q_, k_, v_, causal=causal)
+        o_ref, _ = attention_ref(as_bhld(q), as_bhld(k), as_bhld(v), causal=causal, upcast=torch.float64)
+        assert out_error(as_bhld(out), o_ref) <= TOL[torch.float16], causal
+        grads = torch.autograd.grad(out, (q_, k_, v_), do)
+        assert grads[2].stride() == v.stride(), "dV in V's own layout"
+        refs = attention_backward_ref(as_bhld(q), as_bhld(k), as_bhld(v), as_bhld(do), causal=causal)
+        for name, g, ref in zip(("dq", "dk", "dv"), grads, refs):
+            assert rel_error(as_bhld(g), ref) <= GRAD_TOL[torch.float16], (causal, name, rel_error(as_bhld(g), ref))
+    lengths = torch.tensor([37, 9], dtype=torch.int32, device=device)    # a cache, V again in its own layout
+    qd = randn(B, 1, Hq, D)
+    out = flash_attn_with_kvcache(qd, k, v, cache_seqlens=lengths, causal=True)
+    o_ref, _ = attention_ref(as_bhld(qd), as_bhld(k), as_bhld(v), causal=True, kv_lens=lengths, upcast=torch.float64)
+    assert out_error(as_bhld(out), o_ref) <= TOL[torch.float16]
+    (k_pool, table), (v_pool, _) = paged_with_garbage(k, lengths.cpu(), 16), paged_with_garbage(v, lengths.cpu(), 16)
+    v_pool = v_pool.transpose(1, 2).contiguous().transpose(1, 2)      # pages of (H, page, D): strides unlike k_pool's
+    assert k_pool.stride() != v_pool.stride()
+    out = flash_attn_with_kvcache(qd, k_pool, v_pool, cache_seqlens=lengths, block_table=table, causal=True)
+    assert out_error(as_bhld(out), o_ref) <= TOL[torch.float16]
+    wide = randn(B * L, 2 * Hkv, D)                                    # packed sequences: V a slice of heads
+    kp, vp = randn(B * L, Hkv, D), wide[:, Hkv:]
+    assert kp.stride() != vp.stride()
+    qp = randn(B * L, Hq, D)
+    cu = torch.tensor([0, L, 2 * L], dtype=torch.int32, device=device)
+    out = flash_attn_varlen_func(qp, kp, vp, cu, cu, L, L, causal=True)
+    for b in range(B):
+        seq = lambda t: t[b * L:(b + 1) * L].transpose(0, 1)[None]
+        o_ref, _ = attention_ref(seq(qp), seq(kp), seq(vp), causal=True, upcast=torch.float64)
+        assert out_error(seq(out), o_ref) <= TOL[torch.float16], b
