@@ -211,12 +211,28 @@ def _store_rows(O, o, row0, first_pos, seqlen, stride_om):
     """Packed sequences (13): a block of O's rows, (rows, D) from position `first_pos` of a sequence whose position 0 is
     packed row `row0` (`O`: the head's first element), stored where the position is below `seqlen` only. A TMA store
     would clip at the tensor's end, not the sequence's, and write the next sequence's rows. Straight from the registers
-    `wgmma` left O in: no shared memory (the ws kernel has none to spare)."""
+    `wgmma` left O in, each thread's 4-byte pieces in rows of their own: slow, so only for a sequence's last block."""
     layout: gl.constexpr = o.type.layout
     rows = first_pos + gl.arange(0, o.shape[0], layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, layout))
     ptrs = O + (row0 + rows).to(gl.int64)[:, None] * stride_om + cols[None, :]
     gl.store(ptrs, o, mask=(rows < seqlen)[:, None] & (cols < o.shape[1])[None, :])
+
+@gluon.jit
+def _store_packed_block(o, o_desc, o_smem, O, off_h, row0, first_pos, seqlen, stride_om, stride_oh):
+    """Packed sequences (13): a block of O's rows, (rows, D) from position `first_pos` of the sequence that starts at
+    packed row `row0`, in head `off_h`. A block whose rows all lie inside the sequence (every block but a sequence's
+    last) leaves as the dense kernels' blocks do: through `o_smem` (a free tile of the block's shape and `o_desc`'s
+    layout) and one TMA store, whole rows at a time. Only the sequence's last block takes `_store_rows`' masked store
+    from the registers, whose 4-byte pieces each touch a row of their own."""
+    rows: gl.constexpr = o.shape[0]
+    if first_pos + rows <= seqlen:
+        o_smem.reshape([rows, o.shape[1]]).store(o)
+        fence_async_shared()
+        _tma_store(o_desc, [0, off_h, row0 + first_pos, 0], o_smem)
+        tma.store_wait(0)
+    else:
+        _store_rows(O + off_h.to(gl.int64) * stride_oh, o, row0, first_pos, seqlen, stride_om)
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "num_heads", "group_size", "stride_slopes_z", "stride_lse_h",
                               "window_left", "window_right"])
@@ -228,7 +244,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
                     SLOPES, stride_slopes_z, SINKS,        # with ALIBI: float32 slopes (B or 1, Hq); with SINK: float32 sinks (Hq,)
                     window_left, window_right,             # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
                     CU_SEQLENS_Q, CU_SEQLENS_K,            # with VARLEN (13): int32 (batch + 1,), (1, H, total, D) views, LSE (Hq, total_q)
-                    O, stride_om, stride_oh, stride_lse_h, #   O's packed (total_q, Hq, D) rows for the masked store; else all None
+                    O, stride_om, stride_oh, stride_lse_h, #   O's packed (total_q, Hq, D) rows for a sequence's last block; else all None
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr,
                     SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False,   # 14's modifiers
@@ -401,7 +417,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
     o, lse = _epilogue(acc, l_i, m_i, rows_o)
     if VARLEN:   # the sequence's rows only: the next sequence's follow them
         gl.store(LSE + off_h.to(gl.int64) * stride_lse_h + q_start + offs_m, lse, mask=offs_m < seqlen_q)
-        _store_rows(O + off_h.to(gl.int64) * stride_oh, o.to(dtype), q_start, first_pos, seqlen_q, stride_om)
+        _store_packed_block(o.to(dtype), o_desc, q_smem, O, off_h, q_start, first_pos, seqlen_q, stride_om, stride_oh)
     else:
         gl.store(LSE + off_zh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
         o_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
@@ -735,8 +751,8 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, lens, plan, qk_scal
     overflowed, the block redone online (own loads into ring slot `me` once both consumers are done with the rings).
     O leaves through Q's tile. `mods`: the score modifiers' arguments, as `_mods_start` takes them; with WINDOW,
     `window_sides` = (window_left, window_right), and the plan's tiles are the window's (`_window_plan`). With VARLEN,
-    `packed_out` = (O, stride_om, stride_oh, stride_lse_h) of the packed rows, which O leaves by a masked store (the next
-    sequence's rows follow this one's), and a redo zeroes its V tiles' rows past the sequence itself."""
+    `packed_out` = (O, stride_om, stride_oh, stride_lse_h) of the packed rows: O leaves through Q's tile where its rows
+    lie inside the sequence, by a masked store where the next sequence's rows follow (`_store_packed_block`), and a redo zeroes its V tiles' rows past the sequence itself."""
     q_desc, k_desc, v_desc, o_desc, LSE = descs
     q_smem, k_smem, v_smem, p_smem = smem
     q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, fix_bar = bars
@@ -826,7 +842,8 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, lens, plan, qk_scal
     if VARLEN:   # the sequence's rows only: the next sequence's follow them
         O, stride_om, stride_oh, stride_lse_h = packed_out
         gl.store(LSE + off_h.to(gl.int64) * stride_lse_h + q_start + offs_m, lse, mask=offs_m < seqlen_q)
-        _store_rows(O + off_h.to(gl.int64) * stride_oh, o.to(dtype), q_start, first_pos + me * rows, seqlen_q, stride_om)
+        _store_packed_block(o.to(dtype), o_desc, q_smem.index(me), O, off_h, q_start, first_pos + me * rows, seqlen_q,
+                            stride_om, stride_oh)
     else:
         gl.store(LSE + off_zh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
         o_smem = q_smem.index(me)                                      # Q's tile, no longer read
