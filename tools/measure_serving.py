@@ -9,12 +9,15 @@ rows are the same attention. FLOPs are 4·Hq·D·L²/2 per sequence (triton_fa2.
 16 real sequences, `computed_flops` is what a dense call does (16 sequences of 8000). `tflops_real` = real FLOPs over
 the time (what a server gets), `tflops_computed` = the work done over the time. On the varlen row,
 `varlen_per_token_vs_dense` = its tflops_real / ours dense tflops_computed: varlen's throughput per real token against
-the throughput our dense kernel reaches on work without raggedness. A last row, `triton_fa2.flash_attn_func at each length`, is our dense
+the throughput our dense kernel reaches on work without raggedness. A row, `triton_fa2.flash_attn_func at each length`, is our dense
 kernel on the mix's own lengths: each distinct length L as a dense batch of ⌊32768 / L⌋ sequences (about as many tokens
 as the mix, so a full GPU; the first is a sequence of the mix, checked against its reference), and `ms` the sum over the
 16 sequences of that batch's time divided by its batch size: the time the same work takes where no sequence shares a
 launch with another of a different length. On the varlen row `varlen_vs_dense_same_lengths` = its tflops_real / that
-row's: what packing itself costs, short sequences' lower efficiency (more of their tiles on the diagonal) set aside. `ms` is triton.testing.do_bench's median (CUDA
+row's: what packing itself costs, short sequences' lower efficiency (more of their tiles on the diagonal) set aside. A
+last row, `triton_fa2.flash_attn_varlen_func at each length`, times the same batches packed (uniform lengths through
+the varlen call): against the dense row it is what packing costs at one length, against the varlen row what mixing
+lengths in one launch costs. `ms` is triton.testing.do_bench's median (CUDA
 events around each call, L2 cleared between calls).
 
 section=paged_decode: one query token per sequence at (B, Lk) = (8, 8192), (64, 4096), (1, 32768), Hq=32, Hkv=8,
@@ -217,10 +220,11 @@ def print_row(r:dict):
     print(f"{r['section']:<14} {r['provider']:<34} {r['layout']:<34} {where} {figures} {r['note']}", flush=True)
 
 
-def same_lengths(q, k, v, lens:tuple, starts:list, refs:dict, gpu:bool) -> dict:
+def same_lengths(q, k, v, lens:tuple, starts:list, refs:dict, gpu:bool, packed:bool=False) -> dict:
     """Our dense kernel at each distinct length of the mix, a batch of ⌊total / L⌋ sequences of L tokens whose first is
     a sequence of the mix: each checked (against `refs` where that sequence has them, else head 0's float32 reference)
-    and timed. The row's measured fields: `ms` = Σ over the mix's sequences of their length's time / its batch size."""
+    and timed; with `packed`, the same batch packed end to end through flash_attn_varlen_func (uniform lengths: packing
+    without a mix). The row's measured fields: `ms` = Σ over the mix's sequences of their length's time / its batch size."""
     Hq, Hkv = q.shape[1], k.shape[1]
     ms, errs, notes, configs = 0.0, [], [], []
     for L in sorted(set(lens)):
@@ -235,8 +239,13 @@ def same_lengths(q, k, v, lens:tuple, starts:list, refs:dict, gpu:bool) -> dict:
         if not checked:
             one = lambda t: t[rows, :1].transpose(0, 1)[None]                      # head 0: (1, 1, L, D)
             checked = {(b, 0): attention_ref(one(q), one(k), one(v), causal=True)[0][0, 0]}
-        values = measure(lambda: triton_fa2.flash_attn_func(qL, kL, vL, causal=True),
-                         lambda o: {key: o[0, :, key[1]] for key in checked}, checked, gpu, graph=False, replays=0,
+        if packed:
+            cu = torch.arange(0, (n + 1) * L, L, dtype=torch.int32, device=q.device)
+            flat = lambda t: t.flatten(0, 1)                                        # (n, L, H, D) → (n·L, H, D)
+            fn = lambda: triton_fa2.flash_attn_varlen_func(flat(qL), flat(kL), flat(vL), cu, cu, L, L, causal=True).view(qL.shape)
+        else:
+            fn = lambda: triton_fa2.flash_attn_func(qL, kL, vL, causal=True)
+        values = measure(fn, lambda o: {key: o[0, :, key[1]] for key in checked}, checked, gpu, graph=False, replays=0,
                          warmup_ms=100, rep_ms=1000)
         del qL, kL, vL
         if not values["ms"]:
@@ -244,7 +253,8 @@ def same_lengths(q, k, v, lens:tuple, starts:list, refs:dict, gpu:bool) -> dict:
         ms += float(values["ms"]) / n * lens.count(L)
         errs.append(float(values["err"]))
         configs.append(f"{L}: {values['config']}" if values["config"] else "")
-    note = f"each length as a dense batch of about {sum(lens)} tokens, each sequence its share of that batch's time"
+    note = (f"each length as a {'packed' if packed else 'dense'} batch of about {sum(lens)} tokens, each sequence its share of"
+            " that batch's time")
     return dict(ms=f"{ms:.4f}", err=f"{max(errs):.2e}", ok=True, note=note, config="; ".join(filter(None, configs)))
 
 
@@ -311,6 +321,14 @@ def prefill_rows(shapes:Shapes, meta:dict, device, gpu:bool) -> list:
     same["timer"] = timer + "; ms: the sum over the sequences of their length's batch time / its batch size"
     if same["ms"]: same.update(tflops_real=fmt(real_flops / float(same["ms"]) / 1e9), tflops_computed=fmt(real_flops / float(same["ms"]) / 1e9))
     out.append(same)
+    packed_same = dict(out[0], provider="triton_fa2.flash_attn_varlen_func at each length",
+                       layout="packed (⌊total / L⌋ · L, H, D) per length", tflops_real="", tflops_computed="", ms_eager="",
+                       **same_lengths(q, k, v, lens, starts, refs, gpu, packed=True))
+    packed_same["timer"] = same["timer"]
+    if packed_same["ms"]:
+        packed_same.update(tflops_real=fmt(real_flops / float(packed_same["ms"]) / 1e9),
+                           tflops_computed=fmt(real_flops / float(packed_same["ms"]) / 1e9))
+    out.append(packed_same)
     varlen, dense = out[0], out[1]
     if varlen["tflops_real"] and dense["tflops_computed"]:
         varlen["varlen_per_token_vs_dense"] = fmt(float(varlen["tflops_real"]) / float(dense["tflops_computed"]))
