@@ -752,7 +752,8 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, lens, plan, qk_scal
     O leaves through Q's tile. `mods`: the score modifiers' arguments, as `_mods_start` takes them; with WINDOW,
     `window_sides` = (window_left, window_right), and the plan's tiles are the window's (`_window_plan`). With VARLEN,
     `packed_out` = (O, stride_om, stride_oh, stride_lse_h) of the packed rows: O leaves through Q's tile where its rows
-    lie inside the sequence, by a masked store where the next sequence's rows follow (`_store_packed_block`), and a redo zeroes its V tiles' rows past the sequence itself."""
+    lie inside the sequence, by a masked store where the next sequence's rows follow (`_store_packed_block`), and a
+    redo zeroes its V tiles' rows past the sequence itself."""
     q_desc, k_desc, v_desc, o_desc, LSE = descs
     q_smem, k_smem, v_smem, p_smem = smem
     q_bars, k_ready, k_empty, v_ready, v_empty, turn_bars, done_bar, redo_bars, fix_bar = bars
