@@ -315,20 +315,16 @@ def prefill_rows(shapes:Shapes, meta:dict, device, gpu:bool) -> list:
         if r["ms"]:
             r.update(tflops_real=fmt(real_flops / float(r["ms"]) / 1e9), tflops_computed=fmt(computed / float(r["ms"]) / 1e9))
         out.append(r)
-    same = dict(out[1], provider="triton_fa2.flash_attn_func at each length", layout="dense (⌊total / L⌋, L, H, D) per length",
-                computed_tokens=total, computed_flops=int(real_flops), tflops_real="", tflops_computed="", ms_eager="",
-                **same_lengths(q, k, v, lens, starts, refs, gpu))
-    same["timer"] = timer + "; ms: the sum over the sequences of their length's batch time / its batch size"
-    if same["ms"]: same.update(tflops_real=fmt(real_flops / float(same["ms"]) / 1e9), tflops_computed=fmt(real_flops / float(same["ms"]) / 1e9))
-    out.append(same)
-    packed_same = dict(out[0], provider="triton_fa2.flash_attn_varlen_func at each length",
-                       layout="packed (⌊total / L⌋ · L, H, D) per length", tflops_real="", tflops_computed="", ms_eager="",
-                       **same_lengths(q, k, v, lens, starts, refs, gpu, packed=True))
-    packed_same["timer"] = same["timer"]
-    if packed_same["ms"]:
-        packed_same.update(tflops_real=fmt(real_flops / float(packed_same["ms"]) / 1e9),
-                           tflops_computed=fmt(real_flops / float(packed_same["ms"]) / 1e9))
-    out.append(packed_same)
+    def each_length(base:dict, provider:str, layout:str, packed:bool) -> dict:
+        "A row of `same_lengths`: the mix's work at each of its lengths, dense or packed, built on `base`'s fields."
+        r = dict(base, provider=provider, layout=layout, computed_tokens=total, computed_flops=int(real_flops), tflops_real="",
+                 tflops_computed="", ms_eager="", **same_lengths(q, k, v, lens, starts, refs, gpu, packed=packed))
+        r["timer"] = timer + "; ms: the sum over the sequences of their length's batch time / its batch size"
+        if r["ms"]: r.update(tflops_real=fmt(real_flops / float(r["ms"]) / 1e9), tflops_computed=fmt(real_flops / float(r["ms"]) / 1e9))
+        return r
+    same = each_length(out[1], "triton_fa2.flash_attn_func at each length", "dense (⌊total / L⌋, L, H, D) per length", False)
+    out += [same, each_length(out[0], "triton_fa2.flash_attn_varlen_func at each length",
+                              "packed (⌊total / L⌋ · L, H, D) per length", True)]
     varlen, dense = out[0], out[1]
     if varlen["tflops_real"] and dense["tflops_computed"]:
         varlen["varlen_per_token_vs_dense"] = fmt(float(varlen["tflops_real"]) / float(dense["tflops_computed"]))
