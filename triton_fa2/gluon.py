@@ -181,22 +181,26 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
              WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False, EXACT_TANH: gl.constexpr = False):
     """P of an unmasked tile of raw scores, each row's maximum `m_fixed` ((rows, 1)) fixed: 2^(logit − m), one FMA and one
     exp2 per score without the modifiers; with them the logit is `_score_mod`'s, as in the masked run. With WINDOW the
-    tiles of the window's left edge (below `window`'s full_lo) are masked, as `_softmax_tile` masks them."""
+    tiles of the window's left edge (below `window`'s full_lo) are masked as `_softmax_tile` masks them, but on P after
+    the exp2: a mask on the logits would sit between the scale and the maximum's subtraction, and split their one FMA
+    into two instructions on every tile of the loop, edge or not."""
     softcap_scale, softcap_log2, slope_log2 = logit_mods
     qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, False,
                     EXACT_TANH)
-    if WINDOW:
-        full_lo, window_left, window_right = window
-        if start_n < full_lo:
-            visible = _visible(offs_m[:, None], (start_n + offs_n)[None, :], seqlen_k, offset, window_left, window_right,
-                               CAUSAL, True)
-            qk = gl.where(visible, qk, float("-inf"))
     if ALIBI:   # every key of an unmasked tile lies at or before each row's own position (the plans), so |p − j| = p − j,
         # and −slope·(p − j) = slope·(j − start_n) − slope·(p − start_n): one FMA on the tile's key offsets, the rows' part
         # folded into their fixed maximum (no distance, absolute value or conversion per score)
         rows_part = (slope_log2 * (offs_m + offset - start_n).to(gl.float32))[:, None] + m_fixed
-        return gl.exp2(qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part))
-    return gl.exp2(qk - m_fixed)
+        p = gl.exp2(qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part))
+    else:
+        p = gl.exp2(qk - m_fixed)
+    if WINDOW:
+        full_lo, window_left, window_right = window
+        if start_n < full_lo:   # 0 where the window ends, whatever the logit was there (+inf or NaN included)
+            visible = _visible(offs_m[:, None], (start_n + offs_n)[None, :], seqlen_k, offset, window_left, window_right,
+                               CAUSAL, True)
+            p = gl.where(visible, p, 0.0)
+    return p
 
 # %% ../nbs/11_gluon.ipynb #d0e2059e
 @gluon.jit
