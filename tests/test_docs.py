@@ -14,6 +14,10 @@ def page_of(nb):
     return re.sub(r"^\d+_", "", nb.stem) + ".html"  # nbdev's page name: 00_naive -> naive.html
 
 
+# One worker renders the docs once for all of this module's tests (pyproject's `--dist loadgroup`), not one render a worker
+pytestmark = pytest.mark.xdist_group("rendered docs")
+
+
 @pytest.fixture(scope="module")
 def fake_mathjax(tmp_path_factory):
     "A stand-in for the npm package's layout (CI has no npm): the renderer must copy it next to the pages."
