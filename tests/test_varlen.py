@@ -39,9 +39,9 @@ def reference(q, k, v, cu_q, cu_k, causal, scale=None):
 
 
 @triton.jit
-def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr):
+def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, group, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr):
     pid = tl.program_id(0)
-    z, block, head = _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK, LONGEST_FIRST)
+    z, block, head = _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK, LONGEST_FIRST, group)
     tl.store(OUT + 3 * pid, z)
     tl.store(OUT + 3 * pid + 1, block)
     tl.store(OUT + 3 * pid + 2, head)
@@ -51,16 +51,16 @@ def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, BLOCK: tl.constexpr, LONG
                                      [2917, 100, 8000, 611, 1493, 4321, 257]])
 def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
     """The packed grid (`packed_slots` slots a head, `_packed_block`): every block of every sequence and head exactly once,
-    at most one spare slot per sequence, the slots backwards for causal, and spare rows before the first offset and past
-    the last harmless."""
-    batch, heads = len(lengths), 3
+    at most one spare slot per sequence, the slots backwards for causal, a group's heads side by side on each slot, and
+    spare rows before the first offset and past the last harmless."""
+    batch = len(lengths)
     for block in (16, 64, 128) if sum(lengths) < 2000 else (128,):    # the interpreter runs a program at a time
-        for longest_first in (False, True):
+        for longest_first, heads, group in ((False, 3, 1), (True, 3, 1), (True, 4, 2)):
             for lead_rows, spare_rows in ((0, 0), (0, 77), (300, 5)):   # rows no sequence owns, before the first and after the last
                 cu = offsets(lengths) + lead_rows
                 slots = packed_slots(lead_rows + sum(lengths) + spare_rows, batch, block)
                 out = torch.full((slots * heads, 3), -7, dtype=torch.int32, device=device)
-                _schedule_probe[(slots * heads,)](cu, out, slots, batch, BLOCK=block, LONGEST_FIRST=longest_first)
+                _schedule_probe[(slots * heads,)](cu, out, slots, batch, group, BLOCK=block, LONGEST_FIRST=longest_first)
                 seen, spare = [], 0
                 for z, b, h in out.cpu().tolist():
                     assert 0 <= z < batch and 0 <= h < heads and b >= 0, (z, b, h)
@@ -69,7 +69,9 @@ def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
                 want = [(z, b, h) for h in range(heads) for z, n in enumerate(lengths) for b in range(-(-n // block))]
                 assert sorted(seen) == sorted(want), (block, longest_first, lead_rows)
                 assert spare <= heads * (batch + (lead_rows + spare_rows) // block + 1), spare
-                head0 = [(z, b) for z, b, h in out.cpu().tolist()[:slots] if b * block < lengths[z]]
+                first_group = out.cpu().tolist()[:slots * group]     # the first group's heads, a slot's side by side
+                assert [h for _, _, h in first_group] == list(range(group)) * slots, "a slot's heads side by side"
+                head0 = [(z, b) for z, b, h in first_group[::group] if b * block < lengths[z]]
                 assert head0 == sorted(head0, reverse=longest_first), "a head's slots in order, backwards for causal"
 
 

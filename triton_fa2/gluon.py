@@ -259,7 +259,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
     if VARLEN:   # packed sequences (13): a program per slot of the sequences' block list (`packed_slots` per head)
         num_slots = gl.num_programs(0) // num_heads
         off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, gl.program_id(0), num_slots, num_slots - seqlen_q // BLOCK_M,
-                                              BLOCK_M, CAUSAL)
+                                              BLOCK_M, CAUSAL, group_size)
         q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)   # its rows from its start in the (1, H, total, D) views
         if start_m * BLOCK_M >= seqlen_q: return        # a spare slot
         k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
@@ -644,7 +644,7 @@ def _ws_block(seqlen_q, seqlen_k, num_heads, group_size, window_left, window_rig
     if VARLEN:   # a slot of the sequences' block list (13); its sequence's rows from its start in the (1, H, total, D) views
         num_slots = gl.num_programs(0) // num_heads
         off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, gl.program_id(0), num_slots, num_slots - seqlen_q // BLOCK_M,
-                                              BLOCK_M, CAUSAL)
+                                              BLOCK_M, CAUSAL, group_size)
         q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
         k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
         off_zh = off_z * num_heads + off_h

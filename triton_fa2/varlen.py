@@ -33,13 +33,16 @@ def packed_slots(total:int, batch:int, block:int) -> int:
     return total // block + batch
 
 @triton.jit
-def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr):
+def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGEST_FIRST: tl.constexpr, group=1):
     """Program `pid`'s sequence, its block in that sequence, and the index the slots repeat over (the head), on a grid of
     `packed_slots` slots per head. A block at or past its sequence's end is a spare slot: its program returns; so is a
     slot before the first sequence's first one (offsets that start past row 0), given block `num_slots`, past any
     sequence. With LONGEST_FIRST (causal) the slots run backwards, so each sequence's last blocks, which see the most
-    keys, start first."""
-    slot = pid % num_slots
+    keys, start first. `group` heads (the query heads of one KV head) take each slot side by side: the grid runs one
+    group after another, within it the slots, so every group starts on its heaviest blocks and the grid ends on light
+    ones, while the programs running at once read one KV head's keys."""
+    per_group = num_slots * group
+    slot = pid % per_group // group
     if LONGEST_FIRST: slot = num_slots - 1 - slot
     z = pid * 0                                         # binary search: the last sequence whose first slot is ≤ slot
     end = z + batch
@@ -49,7 +52,7 @@ def _packed_block(CU_SEQLENS, pid, num_slots, batch, BLOCK: tl.constexpr, LONGES
         z = tl.where(starts_before, mid, z)
         end = tl.where(starts_before, end, mid)
     block = slot - (tl.load(CU_SEQLENS + z) // BLOCK + z)
-    return z, tl.where(block < 0, num_slots, block), pid // num_slots
+    return z, tl.where(block < 0, num_slots, block), pid // per_group * group + pid % group
 
 @triton.jit(do_not_specialize=["num_heads_q", "group_size", "num_slots", "batch"])
 def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q) float32
@@ -64,7 +67,7 @@ def _attn_fwd_varlen(Q, K, V, O, LSE,                   # q, o (total_q, Hq, D);
                      USE_TMA: tl.constexpr = False,      # K and V are descriptors of (1, Hkv, total_k, D) views
                      WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
                      SINK: tl.constexpr = False):
-    off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, tl.program_id(0), num_slots, batch, BLOCK_M, CAUSAL)
+    off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, tl.program_id(0), num_slots, batch, BLOCK_M, CAUSAL, group_size)
     q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
     if start_m * BLOCK_M >= seqlen_q: return           # a spare slot
     k_start, seqlen_k = _sequence(CU_SEQLENS_K, off_z)
@@ -194,7 +197,7 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, M, DELTA,         # q, do, dq (total_q,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False):
     "A program per (Q block of a sequence, query head): dQ of its rows over the keys of its sequence they see."
-    off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, tl.program_id(0), num_slots, batch, BLOCK_M, CAUSAL)
+    off_z, start_m, off_h = _packed_block(CU_SEQLENS_Q, tl.program_id(0), num_slots, batch, BLOCK_M, CAUSAL, group_size)
     off_h = off_h.to(tl.int64)
     q_start, seqlen_q = _sequence(CU_SEQLENS_Q, off_z)
     if start_m * BLOCK_M >= seqlen_q: return            # a spare slot
