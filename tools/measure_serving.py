@@ -18,7 +18,9 @@ row's: what packing itself costs, short sequences' lower efficiency (more of the
 last row, `triton_fa2.flash_attn_varlen_func at each length`, times the same batches packed (uniform lengths through
 the varlen call): against the dense row it is what packing costs at one length, against the varlen row what mixing
 lengths in one launch costs. `ms` is triton.testing.do_bench's median (CUDA
-events around each call, L2 cleared between calls).
+events around each call, L2 cleared between calls). With `--rounds N` the packed call and both rows at each length are
+timed N times in turn (each round checks them again), each row's `ms` the median, every round's in its `note`: the
+GPU's clock drifts under sustained load, and the three are compared with one another.
 
 section=paged_decode: one query token per sequence at (B, Lk) = (8, 8192), (64, 4096), (1, 32768), Hq=32, Hkv=8,
 D=128, bf16, full caches. Providers: triton_fa2.flash_attn_with_kvcache on the contiguous (B, Lk, Hkv, D) cache; on
@@ -43,7 +45,7 @@ outside the timing); `config` names the configs its first call picked. Every row
 without one under Triton's interpreter, where SDPA's backend choice and CUDA graphs are skipped (noted per row) and
 `ms` is the wall clock of a few calls (`timer` says which clock each row used).
 
-    python tools/measure_serving.py --out results/serving.csv --commit $(git rev-parse --short HEAD)
+    python tools/measure_serving.py --out results/serving.csv --commit $(git rev-parse --short HEAD) --rounds 4
     python tools/measure_serving.py --tiny --out /tmp/serving_tiny.csv          # no GPU needed
 """
 import triton_fa2  # first: without a GPU it selects Triton's interpreter before triton is imported
@@ -258,7 +260,7 @@ def same_lengths(q, k, v, lens:tuple, starts:list, refs:dict, gpu:bool, packed:b
     return dict(ms=f"{ms:.4f}", err=f"{max(errs):.2e}", ok=True, note=note, config="; ".join(filter(None, configs)))
 
 
-def prefill_rows(shapes:Shapes, meta:dict, device, gpu:bool) -> list:
+def prefill_rows(shapes:Shapes, meta:dict, device, gpu:bool, rounds:int=1) -> list:
     Hq, Hkv, D, lens = shapes.heads_q, shapes.heads_kv, shapes.head_dim, shapes.seqlens
     B, Lmax, total = len(lens), max(lens), sum(lens)
     starts = [0, *itertools.accumulate(lens)]
@@ -326,6 +328,19 @@ def prefill_rows(shapes:Shapes, meta:dict, device, gpu:bool) -> list:
     out += [same, each_length(out[0], "triton_fa2.flash_attn_varlen_func at each length",
                               "packed (⌊total / L⌋ · L, H, D) per length", True)]
     varlen, dense = out[0], out[1]
+    timed = {0: [varlen["ms"]], 4: [same["ms"]], 5: [out[5]["ms"]]}   # the packed call against our dense kernel at its lengths
+    for _ in range(rounds - 1):                                         # again, the three rows in turn, checked each time
+        timed[0].append(measure(providers[0][2], pieces(providers[0][3]), refs, gpu, graph=False, replays=0,
+                                warmup_ms=100, rep_ms=1000)["ms"])
+        timed[4].append(same_lengths(q, k, v, lens, starts, refs, gpu)["ms"])
+        timed[5].append(same_lengths(q, k, v, lens, starts, refs, gpu, packed=True)["ms"])
+    for i, times in timed.items():
+        if rounds == 1 or not all(times): continue
+        r = out[i]
+        r["ms"] = f"{statistics.median(map(float, times)):.4f}"
+        r["timer"] += f"; ms: the median of {rounds} rounds of this row and the two others timed in turn with it"
+        r["note"] = "; ".join(filter(None, [r["note"], "rounds' ms " + " ".join(f"{float(t):.4f}" for t in times)]))
+        r.update(tflops_real=fmt(real_flops / float(r["ms"]) / 1e9), tflops_computed=fmt(real_flops / float(r["ms"]) / 1e9))
     if varlen["tflops_real"] and dense["tflops_computed"]:
         varlen["varlen_per_token_vs_dense"] = fmt(float(varlen["tflops_real"]) / float(dense["tflops_computed"]))
     if varlen["tflops_real"] and same["tflops_real"]:
@@ -423,6 +438,8 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true", help="tiny shapes: a check of every step, runs without a GPU in a few minutes")
     p.add_argument("--only", choices=["prefill", "decode"], default=None, help="one section only")
     p.add_argument("--replays", type=int, default=1000, help="CUDA-graph replays per decode median")
+    p.add_argument("--rounds", type=int, default=1, help="time the packed call and our dense and packed kernels at its "
+                   "lengths this many times in turn, each row's ms the median")
     a = p.parse_args(argv)
     gpu = torch.cuda.is_available()
     if not gpu and not a.tiny:
@@ -431,7 +448,7 @@ def main(argv=None):
     meta = run_config(a.commit)
     rows = []
     with torch.no_grad(), tuning(gpu):    # tuned on a GPU, as the benchmark measures; the interpreter would time every candidate
-        if a.only in (None, "prefill"): rows += prefill_rows(shapes, meta, device, gpu)
+        if a.only in (None, "prefill"): rows += prefill_rows(shapes, meta, device, gpu, a.rounds)
         if a.only in (None, "decode"): rows += decode_rows(shapes, meta, device, gpu, a.replays)
     write(rows, pathlib.Path(a.out))
 
