@@ -94,20 +94,13 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     window_left=0, window_right=0, softcap_scale=0.0, softcap_log2=0.0, slope_log2=0.0,   # score modifiers (14)
                     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
                    ):
-    if PAGE_SIZE > 0:   # tiles start at multiples of BLOCK_N: where pages divide tiles or tiles pages, a key's place in its
-        # page is this every tile (a page of several tiles adds the tile's own place): computed once, not per tile
-        k_in_page = (offs_n % PAGE_SIZE)[:, None].to(tl.int64) * stride_kn
-        v_in_page = (offs_n % PAGE_SIZE)[:, None].to(tl.int64) * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if PAGE_SIZE > 0:                                    # each key's page from the table: no key outside a named page is read
             if PAGE_SIZE % BLOCK_N == 0:                     # tiles start at multiples of BLOCK_N: the tile lies in one page
                 page = tl.load(block_table + start_n // PAGE_SIZE).to(tl.int64)
-                k_rows = page * stride_kp + (start_n % PAGE_SIZE) * stride_kn + k_in_page
-                v_rows = page * stride_vp + (start_n % PAGE_SIZE) * stride_vn + v_in_page
-            elif BLOCK_N % PAGE_SIZE == 0:                   # a lookup per key, its place in the page the same every tile
-                page = tl.load(block_table + start_n // PAGE_SIZE + offs_n // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
-                k_rows, v_rows = page[:, None] * stride_kp + k_in_page, page[:, None] * stride_vp + v_in_page
+                in_page = (start_n % PAGE_SIZE + offs_n)[:, None].to(tl.int64)
+                k_rows, v_rows = page * stride_kp + in_page * stride_kn, page * stride_vp + in_page * stride_vn
             else:                                            # a lookup per key
                 page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
                 in_page = (cols % PAGE_SIZE)[:, None].to(tl.int64)
