@@ -200,6 +200,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
             raise ValueError(f"block_table must be an int32 tensor of shape (batch, pages per sequence), got {getattr(block_table, 'shape', type(block_table).__name__)}")
         _check_index(block_table, "block_table", (batch, block_table.shape[1]), q.device, k.shape[0])
+        _check_page_span(k, v, "k v")
         if max_seqlen_k > block_table.shape[1] * k.shape[1]:
             raise ValueError(f"max_seqlen_k={max_seqlen_k} keys do not fit in {block_table.shape[1]} pages of {k.shape[1]}")
     total_k = block_table.shape[0] * block_table.shape[1] * k.shape[1] if paged else k.shape[0]
@@ -236,6 +237,7 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, ca
         if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
             raise ValueError(f"block_table must be an int32 tensor of shape (batch, pages per row), got {getattr(block_table, 'shape', type(block_table).__name__)}")
         _check_index(block_table, "block_table", (B, block_table.shape[1]), q.device, k_cache.shape[0])
+        _check_page_span(k_cache, v_cache, "k_cache v_cache")
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
         if cache_batch_idx is None and k_cache.shape[0] != B:
@@ -286,3 +288,12 @@ def _check_rotary(rotary_cos, rotary_sin, rotary_interleaved, q, k, capacity:int
     if not isinstance(rotary_interleaved, (bool, np.bool_)):
         raise TypeError(f"rotary_interleaved must be a bool, got {_type_name(rotary_interleaved)}")
     return rotary_dim
+
+def _check_page_span(k, v, names:str):
+    """A paged pool's page must span fewer than 2³¹ elements: the kernels address a key within its page in int32 (its page
+    in int64), which keeps the gather's arithmetic short. A larger page is a contiguous cache in all but name."""
+    for name, t in zip(names.split(), (k, v)):
+        if (t.shape[1] - 1) * abs(t.stride(1)) >= 2 ** 31:
+            raise ValueError(f"a page of {name} spans {(t.shape[1] - 1) * abs(t.stride(1))} elements (page_size {t.shape[1]} × a key's stride "
+                             f"{t.stride(1)}); pages must span fewer than 2**31: use smaller pages, or a contiguous cache without block_table")
+
