@@ -99,11 +99,11 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
         if PAGE_SIZE > 0:                                    # each key's page from the table: no key outside a named page is read
             if PAGE_SIZE % BLOCK_N == 0:                     # tiles start at multiples of BLOCK_N: the tile lies in one page
                 page = tl.load(block_table + start_n // PAGE_SIZE).to(tl.int64)
-                in_page = (start_n % PAGE_SIZE + offs_n)[:, None]   # int32: a page's rows times a row's stride
+                in_page = (start_n % PAGE_SIZE + offs_n)[:, None].to(tl.int64)
                 k_rows, v_rows = page * stride_kp + in_page * stride_kn, page * stride_vp + in_page * stride_vn
             else:                                            # a lookup per key
                 page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
-                in_page = (cols % PAGE_SIZE)[:, None]
+                in_page = (cols % PAGE_SIZE)[:, None]       # int32 (a page spans < 2**31 elements): shorter gather arithmetic
                 k_rows, v_rows = page[:, None] * stride_kp + in_page * stride_kn, page[:, None] * stride_vp + in_page * stride_vn
             k = _load_rows(k_src + k_rows, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         elif USE_TMA: k = k_src.load([kv_z, kv_h, kv_row0 + start_n, 0]).reshape([BLOCK_N, BLOCK_D])

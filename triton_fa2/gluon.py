@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from .candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, Candidate
 from .forward import LOG2E, _kv_key_bounds, _normalize_rows, _program_block
-from .score_mods import ScoreMods, _exp2_softcapped, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
+from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
 from .validation import _capability
 from .varlen import _packed_block, _sequence, packed_slots
 
@@ -178,14 +178,12 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
 
 @gluon.jit
 def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-             WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False, EXACT_TANH: gl.constexpr = False,
-             FMA_EXP2: gl.constexpr = False):
+             WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False, EXACT_TANH: gl.constexpr = False):
     """P of an unmasked tile of raw scores, each row's maximum `m_fixed` ((rows, 1)) fixed: 2^(logit − m), one FMA and one
     exp2 per score without the modifiers; with them the logit is `_score_mod`'s, as in the masked run. With WINDOW the
     tiles of the window's left edge (below `window`'s full_lo) are masked as `_softmax_tile` masks them, but on P after
     the exp2: a mask on the logits would sit between the scale and the maximum's subtraction, and split their one FMA
-    into two instructions on every tile of the loop, edge or not. With FMA_EXP2 (the warp-specialised kernel) and SOFTCAP,
-    one exp2 in two runs on the FMA pipe (14's `_exp2_softcapped`)."""
+    into two instructions on every tile of the loop, edge or not."""
     softcap_scale, softcap_log2, slope_log2 = logit_mods
     qk = _score_mod(s, start_n + offs_n, offs_m, offset, qk_scale, softcap_scale, softcap_log2, slope_log2, SOFTCAP, False,
                     EXACT_TANH)
@@ -193,11 +191,9 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
         # and −slope·(p − j) = slope·(j − start_n) − slope·(p − start_n): one FMA on the tile's key offsets, the rows' part
         # folded into their fixed maximum (no distance, absolute value or conversion per score)
         rows_part = (slope_log2 * (offs_m + offset - start_n).to(gl.float32))[:, None] + m_fixed
-        x = qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part)
+        p = gl.exp2(qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part))
     else:
-        x = qk - m_fixed
-    if SOFTCAP and FMA_EXP2 and not EXACT_TANH: p = _exp2_softcapped(x)   # half the exp2 off the unit the tanh shares (14)
-    else: p = gl.exp2(x)
+        p = gl.exp2(qk - m_fixed)
     if WINDOW:
         full_lo, window_left, window_right = window
         if start_n < full_lo:   # 0 where the window ends, whatever the logit was there (+inf or NaN included)
@@ -814,7 +810,7 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, lens, plan, qk_scal
             s, acc_tok = _ws_products(me, t, q, acc, s_zero, smem, bars, PINGPONG=PINGPONG)
             p = _fixed_p(s, m_fixed[:, None], offs_m, offs_n, fixed_lo + (t + 1 - n_online) * BLOCK_N, offset, qk_scale,
                          logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k,
-                         CAUSAL=CAUSAL, EXACT_TANH=EXACT_TANH, FMA_EXP2=not SINK)   # one FMA, one exp2 per score (softcap: 14's FMA lane; Triton 3.6's ptxas crashes on it beside a sink)
+                         CAUSAL=CAUSAL, EXACT_TANH=EXACT_TANH)   # one FMA, one exp2 per score
             l_i = l_i + gl.sum(p, 1)
             acc = _ws_retire(me, t, p, acc_tok, smem, bars)
         t_last = n_loads - 1
