@@ -45,12 +45,62 @@ def test_rules_name_candidates_of_their_kernel():
     "Each H200 rule names a candidate its kernel offers at that head dim through descriptors (the path the benchmark measured)."
     found = rules((9, 0))
     assert found, "the package ships its sm_90 rules (package data)"
+    assert {r["kernel"] for r in found} == {"prefill", "bwd_dkdv", "bwd_dq", "decode", "decode_paged"}
+    smem = GPU_FAMILIES[(9, 0)][1]
     for r in found:
         with pytest.MonkeyPatch.context() as m:
             m.setattr(candidates, "interpreting", lambda: False)
-            offered = (candidates.prefill_candidates(r["head_dim"], False, GPU_FAMILIES[(9, 0)][1], gluon=True) if r["kernel"] == "prefill"
-                       else candidates.backward_candidates(r["kernel"], r["head_dim"], False, GPU_FAMILIES[(9, 0)][1], gluon=True))
+            if r["kernel"] == "prefill": offered = candidates.prefill_candidates(r["head_dim"], False, smem, gluon=True)
+            elif r["kernel"].startswith("decode"): offered = candidates.decode_candidates(split_kv._decode_block_m(4), r["head_dim"], smem)
+            else: offered = candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True)
         assert r["config"] in [c.label for c in offered], r
+
+
+def test_decode_rules_stand_for_both_masks_and_every_measured_length():
+    """One query sees the same keys with the mask or without: each decode rule is written for both, and a call between
+    two measured lengths takes the nearer one's config."""
+    decode = [r for r in rules((9, 0)) if r["kernel"].startswith("decode")]
+    assert decode
+    for r in decode:
+        for causal in (False, True):
+            assert rule_config(r["kernel"], (9, 0), r["head_dim"], torch.bfloat16, causal, r["seqlen_k"]) == r["config"], r
+    lengths = sorted({r["seqlen_k"] for r in decode})
+    for a, b in zip(lengths, lengths[1:]):
+        near_a = next(r for r in decode if r["kernel"] == "decode" and r["head_dim"] == 128 and r["seqlen_k"] == a)
+        assert rule_config("decode", (9, 0), 128, torch.float16, True, int(a * 1.1)) == near_a["config"]
+
+
+@pytest.mark.gpu
+def test_gpu_decode_first_call_runs_the_rule(monkeypatch):
+    """A first decode call without tuning launches the decode rule's config for its cache kind (contiguous or paged),
+    and its output matches the float64 reference."""
+    from triton_fa2 import flash_attn_with_kvcache
+    from triton_fa2.naive import attention_ref
+    monkeypatch.setenv("TRITON_FA2_NO_CACHE", "1")
+    capability = torch.cuda.get_device_capability()
+    for paged in (False, True):
+        dispatch._PICKS.clear(); dispatch._DECODE_PLANS.clear()
+        q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        seqlens = torch.tensor([1000, 617], dtype=torch.int32, device="cuda")
+        if paged:
+            table = torch.randperm(2 * 63, device="cuda")[:2 * 63].view(2, 63).to(torch.int32)
+            def pool(t):                                      # pages of 16 at shuffled blocks; a last page's tail NaN
+                out = torch.full((2 * 63, 16, 2, 128), float("nan"), device="cuda", dtype=t.dtype)
+                out[table.long()] = torch.cat([t, t.new_full((2, 8, 2, 128), float("nan"))], 1).view(2, 63, 16, 2, 128)
+                return out
+            kc, vc, extra = pool(k), pool(v), dict(block_table=table)
+        else: kc, vc, extra = k, v, {}
+        with tuning.tuning(False): out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, **extra)
+        rule = rule_config("decode_paged" if paged else "decode", capability, 128, torch.bfloat16, True, kc.shape[1] * (63 if paged else 1))
+        picks = [c.label for key, c in dispatch._PICKS.items() if key[0] == "decode"]
+        assert picks and (rule is None or picks == [rule]), (paged, picks, rule)
+        for b in range(2):
+            n = int(seqlens[b])
+            ref, _ = attention_ref(q[b:b + 1].double().transpose(1, 2), k[b:b + 1, :n].double().transpose(1, 2),
+                                   v[b:b + 1, :n].double().transpose(1, 2), causal=True, upcast=torch.float64)
+            assert not out.isnan().any()
+            assert (out[b:b + 1].double().transpose(1, 2) - ref).abs().max() <= 2e-2, (paged, b)
 
 
 
@@ -66,6 +116,7 @@ def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
                  alibi=ScoreMods(alibi_slopes=torch.ones(32)))[mods]
     smem = GPU_FAMILIES[(9, 0)][1]
     for r in rules((9, 0)):
+        if r["kernel"].startswith("decode"): continue          # modifiers do not change decode's candidates
         if r["kernel"] == "prefill":
             offered = [c for c in candidates.prefill_candidates(r["head_dim"], False, smem, gluon=True)
                        if c.kernel != "gluon" or gluon.takes(c, given)]

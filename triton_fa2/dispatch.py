@@ -289,7 +289,9 @@ def _decode_forward(q, k_cache, v_cache, cache_seqlens, o, lse, causal:bool, sca
             config = _PICKS.get(key)
             if config is None or (key not in _TUNED and tuning_requested()):
                 smem = _max_smem(q.device.index) if q.is_cuda else 0
-                config = _choose(key, decode_candidates(block_m, D, smem), run)
+                rule = rule_config("decode" if block_table is None else "decode_paged", _capability(q.device), D, q.dtype, causal,
+                                   Lmax) if q.is_cuda else None
+                config = _choose(key, decode_candidates(block_m, D, smem), run, rule)
             config_key_tuned = key in _TUNED
         launched = run(config)
         if plan_key is not None and plan_key not in _DECODE_PLANS:

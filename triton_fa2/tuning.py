@@ -50,7 +50,7 @@ def _dtype_name(dtype) -> str:
     "The benchmark's name of a dtype: `torch.bfloat16` (or its string) → 'bf16', `torch.float16` → 'fp16'."
     return {"bfloat16": "bf16", "float16": "fp16"}.get(str(dtype).removeprefix("torch."), str(dtype))
 
-def rule_config(kernel:str,          # "prefill", "bwd_dkdv" or "bwd_dq"
+def rule_config(kernel:str,          # "prefill", "bwd_dkdv", "bwd_dq", "decode" or "decode_paged"
                 capability:tuple,    # the GPU's compute capability, e.g. (9, 0)
                 head_dim:int,        # D
                 dtype,               # torch.float16 or torch.bfloat16 (or the benchmark's 'fp16', 'bf16')
