@@ -58,7 +58,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--raw", default="results/raw.csv")
     p.add_argument("--gpu", nargs="+", default=["NVIDIA H200", "NVIDIA H100 80GB HBM3"], help="the sm_90 GPUs whose rows count")
-    p.add_argument("--decode", default=str(pathlib.Path(__file__).resolve().parent.parent / "results" / "decode_configs.csv"))
+    p.add_argument("--decode", default="results/decode_configs.csv")
     p.add_argument("--out", default="triton_fa2/rules_sm90.json")
     a = p.parse_args(argv)
     rows = [r for r in csv.DictReader(open(a.raw)) if r["provider"] == "triton_fa2" and r["gpu"] in a.gpu
@@ -67,9 +67,7 @@ def main(argv=None):
     decode = [r for r in csv.DictReader(open(a.decode)) if r["gpu"] in a.gpu] if pathlib.Path(a.decode).exists() else []
     meta = {c: sorted({r[c] for r in rows + decode}) for c in ("gpu", "torch", "triton", "commit")}
     meta["date"] = [min(r["date"] for r in rows + decode), max(r["date"] for r in rows + decode)]
-    sources = [a.raw] + ([str(pathlib.Path(a.decode).relative_to(pathlib.Path(a.raw).resolve().parent.parent))
-                          if pathlib.Path(a.decode).resolve().is_relative_to(pathlib.Path(a.raw).resolve().parent.parent) else a.decode] if decode else [])
-    table = dict(source=sources, made_by="tools/make_rules.py", **meta, rules=rules(rows) + decode_rules(decode))
+    table = dict(source=[a.raw] + ([a.decode] if decode else []), made_by="tools/make_rules.py", **meta, rules=rules(rows) + decode_rules(decode))
     pathlib.Path(a.out).write_text(json.dumps(table, indent=1) + "\n")
     print(f"{a.out}: {len(table['rules'])} rules from {len(rows) + len(decode)} rows ({', '.join(meta['commit'])}; {' to '.join(meta['date'])})")
 

@@ -14,7 +14,7 @@ import argparse, csv, datetime, os, sys
 import torch
 import triton
 
-from triton_fa2 import candidates, dispatch
+from triton_fa2 import candidates, dispatch, split_kv
 from triton_fa2.tuning import tuning
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,7 @@ def main():
                     layouts[f"page{ps}"] = (paged(k, table, ps, blocks), paged(v, table, ps, blocks), table)
                 ref = None
                 for layout, (kc, vc, table) in layouts.items():
-                    for c in offered(16, D, candidates._max_smem(0)):
+                    for c in offered(split_kv._decode_block_m(HQ // HKV), D, candidates._max_smem(0)):
                         dispatch.decode_candidates = lambda *args, c=c, **kw: [c]   # the dispatcher's only choice
                         dispatch._PICKS.clear(); dispatch._DECODE_PLANS.clear()
                         call = lambda: triton_fa2.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, causal=True)
