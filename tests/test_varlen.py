@@ -332,6 +332,41 @@ def test_rows_outside_every_sequence_are_zero_and_the_backward_fills_poisoned_bu
     assert not any(g[:10].isnan().any() for g in grads)
 
 
+@pytest.mark.parametrize("fill", ["whole", "unowned rows"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fresh_buffers_are_written_by_the_kernels_and_the_unowned_rows_fill(causal, fill, monkeypatch):
+    """flash_attn_varlen_func fills a large output, LSE or gradient only in the rows no sequence owns. With each such
+    buffer NaN-poisoned first (every buffer, by a threshold of 0), every row of a sequence comes back from the attention
+    kernels (a sequence without queries, one without keys, queries that see no key) and every row outside the offsets
+    from `fill_unowned_rows`: 0, LSE −inf; small buffers filled whole give the same."""
+    if fill == "unowned rows":
+        real_fill = ops.fill_unowned_rows
+        monkeypatch.setattr(ops, "fill_unowned_rows", lambda t, cu, value, dim=0: real_fill(t.fill_(float("nan")), cu, value, dim))
+        monkeypatch.setattr(ops, "_FILL_WHOLE_BELOW_BYTES", 0)
+    lengths_q, lengths_k = [5, 0, 9, 7], [5, 7, 0, 3]        # no queries; no keys; more queries than keys
+    tail_q, tail_k = 3, 2                                   # rows after the last sequence (offsets start at 0)
+    cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
+    q = torch.randn(sum(lengths_q) + tail_q, 4, 24, device=device, dtype=torch.float16)
+    k, v = (torch.randn(sum(lengths_k) + tail_k, 2, 24, device=device, dtype=torch.float16) for _ in range(2))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                                         return_attn_probs=True)
+    inside_q, inside_k = slice(0, sum(lengths_q)), slice(0, sum(lengths_k))
+    o_ref, lse_ref = reference(q[inside_q], k[inside_k], v[inside_k], cu_q, cu_k, causal)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out[-tail_q:] == 0).all() and (lse[:, -tail_q:] == float("-inf")).all()
+    assert relative_error(out[inside_q], o_ref) <= TOL[torch.float16]
+    assert torch.equal(lse[:, inside_q].isinf(), lse_ref.isinf())
+    out.backward(torch.randn_like(out))
+    for name, leaf, tail in (("q", leaves[0], tail_q), ("k", leaves[1], tail_k), ("v", leaves[2], tail_k)):
+        assert not leaf.grad.isnan().any(), name
+        assert (leaf.grad[-tail:] == 0).all(), name
+    no_queries = slice(5, 12)                                # the keys of the sequence without queries
+    assert (leaves[1].grad[no_queries] == 0).all() and (leaves[2].grad[no_queries] == 0).all()
+    no_keys = slice(5, 14)                                   # the queries of the sequence without keys
+    assert (leaves[0].grad[no_keys] == 0).all() and (out[no_keys] == 0).all()
+
+
 def test_opcheck_and_torch_compile():
     "The operators pass `torch.library.opcheck` (autograd included); a compiled training step has no graph break."
     lengths = [7, 12]
@@ -622,3 +657,21 @@ def test_gpu_gluon_varlen_overflow_redoes_the_block(dtype):
         dispatch._varlen_forward(q, k, v, o, lse, cu, cu, 700, True, 128 ** -0.5, config=config)
         err = ((o.double() - ref).abs().max() / ref.abs().max().clamp(min=1)).item()
         assert not o.isnan().any() and err <= TOL[dtype], (config.label, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_fill_unowned_rows_writes_only_rows_outside_the_offsets(dtype):
+    "Rows before the first offset and from the last on get the value, in (total, H, D) and (H, total) layouts; owned rows are never touched."
+    for lengths, lead, tail in (([4, 0, 9], 3, 70), ([16, 16], 0, 0), ([], 5, 0), ([1], 0, 33)):
+        total = lead + sum(lengths) + tail
+        cu = offsets(lengths) + lead
+        t = torch.full((total, 3, 40), float("nan"), device=device, dtype=dtype)
+        lse = torch.full((5, total), float("nan"), device=device)
+        assert ops.fill_unowned_rows(t, cu, 0.0) is t
+        ops.fill_unowned_rows(lse, cu, float("-inf"), dim=1)
+        owned = slice(lead, lead + sum(lengths))
+        assert t[owned].isnan().all() and lse[:, owned].isnan().all(), lengths
+        assert (t[:lead] == 0).all() and (t[lead + sum(lengths):] == 0).all(), lengths
+        assert (lse[:, :lead] == float("-inf")).all() and (lse[:, lead + sum(lengths):] == float("-inf")).all(), lengths
+    with pytest.raises(ValueError, match="evenly strided"):
+        ops.fill_unowned_rows(torch.zeros(6, 8, 4, device=device).transpose(1, 2), offsets([6]), 0.0)

@@ -103,6 +103,14 @@ def compile_varlen_backward(kernel, lengths=(700, 2048, 1), Hq=8, Hkv=2, D=128, 
     return compiled.compiled[0]
 
 
+def compile_fill(dtype=torch.bfloat16, lse=False):
+    "Compile `_fill_unowned_rows` as the varlen operators launch it: on a packed (total, H, D) output, or on an LSE (H, total)."
+    t = torch.empty(32, 3000) if lse else torch.empty(3000, 32, 128, dtype=dtype)
+    with offline(varlen, "_fill_unowned_rows") as (kernel,):
+        varlen.fill_unowned_rows(t, torch.tensor([0, 700, 2900], dtype=torch.int32), float("-inf") if lse else 0.0, dim=1 if lse else 0)
+    return kernel.compiled[0]
+
+
 def compile_decode(B=4, Hq=32, Hkv=8, Lq=1, Lmax=4096, D=128, dtype=torch.bfloat16, config=(64, 4, 2), num_splits=4, page_size=0,
                    mods=False):
     """Compile the split-KV decode kernel (Lq queries per sequence, ragged lengths) and the combine of its splits; with
@@ -176,7 +184,7 @@ def shipped():
     """Every (kernel, config, head dim, path) the package can launch on an H200, as (name, job) pairs, from the candidate
     tables and their pruning. Prefill: at the tuned head dims and at 256 (the most registers any other head dim needs),
     through descriptors and packed through pointers; packed sequences (varlen) with every pointer candidate, over packed and paged K/V; decode at D 128 and 256, with one query per sequence and with 64
-    packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the backward's two passes, every candidate of each table at its
+    packed rows (GQA 8:1 over 8 queries), on contiguous caches and paged ones (pages of 16 and of 1); the combine; the fill of rows no sequence owns; the backward's two passes, every candidate of each table at its
     head-dim tile width and path (packed sequences: the pointer tables); Gluon: every candidate at each of its head dims (the forward's and the dK/dV pass's, the latter with a window too),
     the forward's also with every score modifier it takes (`gluon.takes`) and with a window alone, causal and not, and over packed sequences (varlen;
     the one-warpgroup kernel's) with and without them. On a Triton release the Gluon kernels do not run on
@@ -195,6 +203,7 @@ def shipped():
         for c in candidates.prefill_candidates(D, False, H200_SMEM, varlen=True):
             config = (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages)
             jobs.append((f"varlen {c.label} D={D} descriptors", ("varlen", D, config, "tma")))
+    jobs.append(("fill unowned rows", ("fill", 0, None, None)))
     for Hkv, Lq in ((8, 1), (4, 8)):
         rows = 32 // Hkv * Lq
         for D in (128, 256):
@@ -272,6 +281,7 @@ def compile_job(job) -> list:
     elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
     elif kind == "varlen": kernels = [("_attn_fwd_varlen", compile_varlen(D=D, config=config, page_size=heads if heads != "tma" else 0,
                                                                           use_tma=heads == "tma"))]
+    elif kind == "fill": kernels = [("_fill_unowned_rows bf16", compile_fill()), ("_fill_unowned_rows LSE", compile_fill(lse=True))]
     elif kind == "varlen_backward": kernels = [(heads, compile_varlen_backward(heads, D=D, config=config))]
     elif kind == "backward":
         kernel, pointers = heads

@@ -9,9 +9,11 @@ __all__ = []
 
 # %% ../nbs/96_ops.ipynb #04825f73
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
+import math
 import torch
 from .dispatch import _attention_backward, _attention_forward, _decode_forward, _varlen_backward, _varlen_forward
 from .forward import ScoreMods
+from .varlen import fill_unowned_rows
 
 # %% ../nbs/96_ops.ipynb #3fc5ef30
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
@@ -128,12 +130,20 @@ _decode_op = _define_operator(_OPS, "decode(Tensor q, Tensor k_cache, Tensor v_c
                                     "-> (Tensor, Tensor)", _decode_impl, _decode_fake)
 
 # %% ../nbs/96_ops.ipynb #bcfcdaf6
+_FILL_WHOLE_BELOW_BYTES = 16 << 20   # a memset this size takes a few microseconds: less than a launch that avoids it saves
+
+def _packed_buffer(shape, dtype, device, cu_seqlens, value:float, dim:int=0) -> torch.Tensor:
+    """A fresh buffer of packed rows (along `dim`) for kernels that write every row of every sequence: the rows no
+    sequence owns hold `value`; the others are filled too below `_FILL_WHOLE_BELOW_BYTES`, left for the kernels above."""
+    if math.prod(shape) * dtype.itemsize < _FILL_WHOLE_BELOW_BYTES: return torch.full(shape, value, dtype=dtype, device=device)
+    return fill_unowned_rows(torch.empty(shape, dtype=dtype, device=device), cu_seqlens, value, dim)
+
 def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table=None,
                  window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
     """Packed q (total_q, Hq, D), k, v (total_k, Hkv, D), or a paged pool with `block_table`, in; out (total_q, Hq, D)
     and lse (Hq, total_q) float32 out. The score modifiers of 14 as flat arguments."""
-    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    out = _packed_buffer(q.shape, q.dtype, q.device, cu_seqlens_q, 0.0)
+    lse = _packed_buffer((q.shape[1], q.shape[0]), torch.float32, q.device, cu_seqlens_q, float("-inf"), dim=1)
     _varlen_forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, None, block_table,
                     _score_mods(window_left, window_right, softcap, alibi_slopes, learnable_sink))
     return out, lse
@@ -150,7 +160,7 @@ _varlen_op = _define_operator(_OPS, "varlen_attention(Tensor q, Tensor k, Tensor
 
 def _varlen_backward_impl(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                           window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):
-    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (_packed_buffer(t.shape, t.dtype, t.device, cu, 0.0) for t, cu in ((q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k)))
     dsink = _sink_grad_buffer(q, learnable_sink)
     if do.stride(-1) != 1 or 0 in do.stride(): do = do.contiguous()
     if dlse is not None: dlse = dlse.float().contiguous()
