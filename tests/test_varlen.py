@@ -340,8 +340,8 @@ def test_fresh_buffers_are_written_by_the_kernels_and_the_unowned_rows_fill(caus
     kernels (a sequence without queries, one without keys, queries that see no key) and every row outside the offsets
     from `fill_unowned_rows`: 0, LSE −inf; small buffers filled whole give the same."""
     if fill == "unowned rows":
-        real_fill = ops.fill_unowned_rows
-        monkeypatch.setattr(ops, "fill_unowned_rows", lambda t, cu, value, dim=0: real_fill(t.fill_(float("nan")), cu, value, dim))
+        real_fill = ops._fill_unowned
+        monkeypatch.setattr(ops, "_fill_unowned", lambda t, cu, value, dim=0: real_fill(t.fill_(float("nan")), cu, value, dim))
         monkeypatch.setattr(ops, "_FILL_WHOLE_BELOW_BYTES", 0)
     lengths_q, lengths_k = [5, 0, 9, 7], [5, 7, 0, 3]        # no queries; no keys; more queries than keys
     tail_q, tail_k = 3, 2                                   # rows after the last sequence (offsets start at 0)
@@ -667,11 +667,11 @@ def test_fill_unowned_rows_writes_only_rows_outside_the_offsets(dtype):
         cu = offsets(lengths) + lead
         t = torch.full((total, 3, 40), float("nan"), device=device, dtype=dtype)
         lse = torch.full((5, total), float("nan"), device=device)
-        assert ops.fill_unowned_rows(t, cu, 0.0) is t
-        ops.fill_unowned_rows(lse, cu, float("-inf"), dim=1)
+        assert _varlen_module.fill_unowned_rows(t, cu, 0.0) is t
+        _varlen_module.fill_unowned_rows(lse, cu, float("-inf"), dim=1)
         owned = slice(lead, lead + sum(lengths))
         assert t[owned].isnan().all() and lse[:, owned].isnan().all(), lengths
         assert (t[:lead] == 0).all() and (t[lead + sum(lengths):] == 0).all(), lengths
         assert (lse[:, :lead] == float("-inf")).all() and (lse[:, lead + sum(lengths):] == float("-inf")).all(), lengths
     with pytest.raises(ValueError, match="evenly strided"):
-        ops.fill_unowned_rows(torch.zeros(6, 8, 4, device=device).transpose(1, 2), offsets([6]), 0.0)
+        _varlen_module.fill_unowned_rows(torch.zeros(6, 8, 4, device=device).transpose(1, 2), offsets([6]), 0.0)

@@ -456,3 +456,14 @@ def _varlen_backward(do, q, k, v, o, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_
             picks.append(pick)
         _WARM.add(signature)
     return tuple(picks)
+
+# %% ../nbs/94_dispatch.ipynb #83ba29f9
+def _fill_unowned(t:torch.Tensor, cu_seqlens:torch.Tensor, value:float, dim:int=0) -> torch.Tensor:
+    """`varlen.fill_unowned_rows` launched as every kernel here is: on `t`'s device from any thread, a first launch under
+    the compile lock."""
+    bind_context(t)
+    signature = ("fill_unowned_rows", *_signature(t, cu_seqlens), dim)
+    with _serialised(signature), torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext():
+        _varlen.fill_unowned_rows(t, cu_seqlens, value, dim)
+        _WARM.add(signature)
+    return t

@@ -11,9 +11,9 @@ __all__ = []
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import math
 import torch
-from .dispatch import _attention_backward, _attention_forward, _decode_forward, _varlen_backward, _varlen_forward
+from .dispatch import (_attention_backward, _attention_forward, _decode_forward, _fill_unowned, _varlen_backward,
+                                 _varlen_forward)
 from .forward import ScoreMods
-from .varlen import fill_unowned_rows
 
 # %% ../nbs/96_ops.ipynb #3fc5ef30
 _OPS = "triton_fa2" if __name__.startswith("triton_fa2") else "triton_fa2_notebook"
@@ -134,9 +134,10 @@ _FILL_WHOLE_BELOW_BYTES = 16 << 20   # a memset this size takes a few microsecon
 
 def _packed_buffer(shape, dtype, device, cu_seqlens, value:float, dim:int=0) -> torch.Tensor:
     """A fresh buffer of packed rows (along `dim`) for kernels that write every row of every sequence: the rows no
-    sequence owns hold `value`; the others are filled too below `_FILL_WHOLE_BELOW_BYTES`, left for the kernels above."""
+    sequence owns hold `value` (`fill_unowned_rows`, through the dispatcher); the others are filled too below
+    `_FILL_WHOLE_BELOW_BYTES`, left for the kernels above."""
     if math.prod(shape) * dtype.itemsize < _FILL_WHOLE_BELOW_BYTES: return torch.full(shape, value, dtype=dtype, device=device)
-    return fill_unowned_rows(torch.empty(shape, dtype=dtype, device=device), cu_seqlens, value, dim)
+    return _fill_unowned(torch.empty(shape, dtype=dtype, device=device), cu_seqlens, value, dim)
 
 def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, block_table=None,
                  window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, learnable_sink=None):

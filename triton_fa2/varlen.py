@@ -142,7 +142,7 @@ def launch(q, k, v, o, lse,                    # q, o (total_q, Hq, D); k, v (to
                               **(candidate.paged_launch_options if paged else candidate.launch_options))
 
 # %% ../nbs/13_varlen.ipynb #a8c89c71
-@triton.jit(do_not_specialize=["total", "width", "batch"])
+@triton.jit(do_not_specialize=["stride_row", "stride_col", "total", "width", "batch"])
 def _fill_unowned_rows(T, CU_SEQLENS, stride_row, stride_col, total, width, batch, value,
                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
     "Rows of T before the first sequence or past the last set to `value` (each row `width` elements); no other row touched."
