@@ -102,7 +102,11 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                 in_page = (start_n % PAGE_SIZE + offs_n)[:, None].to(tl.int64)
                 k_rows, v_rows = page * stride_kp + in_page * stride_kn, page * stride_vp + in_page * stride_vn
             else:                                            # a lookup per key
-                page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
+                if PAGE_SIZE > 1 and BLOCK_N % PAGE_SIZE == 0:   # the tile's pages: each number read once, repeated over its keys
+                    slot = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
+                    pages = tl.load(block_table + slot, mask=slot * PAGE_SIZE < seqlen_k, other=0)
+                    page = tl.gather(pages, offs_n // PAGE_SIZE, 0).to(tl.int64)
+                else: page = tl.load(block_table + cols // PAGE_SIZE, mask=cols < seqlen_k, other=0).to(tl.int64)
                 in_page = (cols % PAGE_SIZE)[:, None]       # int32 (a page spans < 2**31 elements): shorter gather arithmetic
                 k_rows, v_rows = page[:, None] * stride_kp + in_page * stride_kn, page[:, None] * stride_vp + in_page * stride_vn
             k = _load_rows(k_src + k_rows, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
