@@ -11,8 +11,8 @@ __all__ = []
 from .runtime import interpreting  # first: without a GPU it turns the interpreter on before @triton.jit runs
 import math
 import torch
-from .dispatch import (_attention_backward, _attention_forward, _decode_forward, _fill_unowned, _varlen_backward,
-                                 _varlen_forward)
+from .dispatch import (_attention_backward, _attention_forward, _decode_forward, _fill_unowned,
+                                 _varlen_backward, _varlen_forward)
 from .forward import ScoreMods
 
 # %% ../nbs/96_ops.ipynb #3fc5ef30
