@@ -1,4 +1,4 @@
-"""flash_attn_with_kvcache against the float64 reference: contiguous and paged caches (pages of 1, 16 and 7, scattered,
+"""flash_attn_with_kvcache against the float64 reference: contiguous and paged caches (pages of 1, 4, 16 and 7, scattered,
 spare pages full of NaN), the new tokens written in place (checked in the cache itself), cache_batch_idx,
 cache_leftpad, splits, the LSE, GQA, both dtypes, rotary embedding; and every refusal."""
 import pytest
@@ -37,7 +37,7 @@ def paged(dense, lengths, page_size, spare=3, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("page_size", [0, 1, 7, 16], ids=["contiguous", "page1", "page7", "page16"])
+@pytest.mark.parametrize("page_size", [0, 1, 4, 7, 16], ids=["contiguous", "page1", "page4", "page7", "page16"])
 @pytest.mark.parametrize("Lq,Lnew,causal", [(1, 1, True), (3, 3, True), (2, 0, False), (4, 2, True)])
 def test_append_then_attend(Lq, Lnew, causal, page_size, dtype):
     "Lnew new tokens appended at cache_seqlens, then Lq queries (the last tokens) attend: GQA 2:1, ragged lengths, NaN past them."
