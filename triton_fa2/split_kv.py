@@ -54,6 +54,19 @@ def _check_lse_values(**lses):
                              f"{' and '.join(found)} of its {lse.numel()} rows, the first at index {tuple(b.nonzero()[0].tolist())}; "
                              "mark the rows of an empty part with -inf, and compute LSE in float32 (in fp16 it overflows past 65504)")
 
+def _merge_states(o_a, lse_a, o_b, lse_b) -> tuple:
+    """`merge_attention_states` without its checks: no host-device sync, for callers that merge their own kernels' results
+    (ring attention, once per step)."""
+    dtype = torch.promote_types(torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32)  # float32, or float64 if given
+    lse_a, lse_b = lse_a.to(dtype), lse_b.to(dtype)
+    m = torch.maximum(lse_a, lse_b)
+    m_use = m.masked_fill(m == float("-inf"), 0.0)            # neither part visible: weights 0 and 0, not NaN
+    w_a, w_b = torch.exp(lse_a - m_use), torch.exp(lse_b - m_use)
+    total = w_a + w_b
+    part = lambda o, w: torch.where(w[..., None] > 0, o.to(dtype) * w[..., None], 0.0)  # weight 0: dropped, garbage or not
+    o = (part(o_a, w_a) + part(o_b, w_b)) / total.masked_fill(total == 0, 1.0)[..., None]
+    return o.to(o_a.dtype), m_use + torch.log(total)           # log 0 = −inf where neither part was visible
+
 def merge_attention_states(o_a:torch.Tensor,   # (..., L, D) attention output over one part of the keys
                            lse_a:torch.Tensor, # (..., L) its natural-log log-sum-exp (float32); −inf where the row saw nothing
                            o_b:torch.Tensor,   # (..., L, D) attention output over a disjoint part
@@ -72,15 +85,8 @@ def merge_attention_states(o_a:torch.Tensor,   # (..., L, D) attention output ov
                          f"got {tuple(lse_a.shape)} and {tuple(lse_b.shape)}")
     if len({t.device for t in (o_a, lse_a, o_b, lse_b)}) > 1: raise ValueError("o_a, lse_a, o_b, lse_b must be on one device")
     _check_lse_values(lse_a=lse_a, lse_b=lse_b)
-    dtype = torch.promote_types(torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32)  # float32, or float64 if given
-    lse_a, lse_b = lse_a.to(dtype), lse_b.to(dtype)
-    m = torch.maximum(lse_a, lse_b)
-    m_use = m.masked_fill(m == float("-inf"), 0.0)            # neither part visible: weights 0 and 0, not NaN
-    w_a, w_b = torch.exp(lse_a - m_use), torch.exp(lse_b - m_use)
-    total = w_a + w_b
-    part = lambda o, w: torch.where(w[..., None] > 0, o.to(dtype) * w[..., None], 0.0)  # weight 0: dropped, garbage or not
-    o = (part(o_a, w_a) + part(o_b, w_b)) / total.masked_fill(total == 0, 1.0)[..., None]
-    return o.to(o_a.dtype), m_use + torch.log(total)           # log 0 = −inf where neither part was visible
+    return _merge_states(o_a, lse_a, o_b, lse_b)
+
 
 # %% ../nbs/06_split_kv_decode.ipynb #efbbc8cb
 @triton.jit(do_not_specialize=["num_heads_kv", "group_size", "seqlen_q", "max_seqlen_k", "num_splits"])
