@@ -1,10 +1,10 @@
 """flash_attn_with_kvcache against the float64 reference: contiguous and paged caches (pages of 1, 4, 16 and 7, scattered,
-spare pages full of NaN), the new tokens written in place (checked in the cache itself), cache_batch_idx,
-cache_leftpad, splits, the LSE, GQA, both dtypes, rotary embedding; and every refusal."""
+spare pages full of NaN, page numbers read before the loop or per tile), the new tokens written in place (checked in
+the cache itself), cache_batch_idx, cache_leftpad, splits, the LSE, GQA, both dtypes, rotary embedding; and every refusal."""
 import pytest
 import torch
 import triton_fa2
-from triton_fa2 import flash_attn_with_kvcache
+from triton_fa2 import flash_attn_with_kvcache, split_kv
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device
 
@@ -65,6 +65,29 @@ def test_append_then_attend(Lq, Lnew, causal, page_size, dtype):
     assert ((out.double() - o_ref).abs().max() / o_ref.abs().max().clamp(min=1)).item() <= TOL[dtype]
     finite = lse_ref.isfinite()
     assert torch.equal(lse.isfinite(), finite) and (lse.double()[finite] - lse_ref[finite]).abs().max() <= 1e-3
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 7], ids=["page1", "page4", "page7"])
+@pytest.mark.parametrize("split_pages", [256, 3], ids=["pages-read-before-the-loop", "pages-read-per-tile"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_page_numbers_before_the_loop_or_per_tile(page_size, split_pages, num_splits, monkeypatch):
+    """A split whose pages fit SPLIT_PAGES reads its page numbers once before its loop, any other reads a tile's pages
+    per tile: both find every key (scattered pages, spare pages and keys past each length NaN, splits starting
+    mid-page), as the float64 reference, and each path is the one taken."""
+    monkeypatch.setattr(split_kv, "SPLIT_PAGES", split_pages)
+    chosen, page_list = [], split_kv._page_list
+    monkeypatch.setattr(split_kv, "_page_list", lambda *a: chosen.append(page_list(*a)) or chosen[-1])
+    B, Hq, Hkv, D, Lmax = 2, 4, 2, 16, 50
+    lengths = torch.tensor([50, 23], dtype=torch.int32)
+    dense_k, dense_v = (torch.randn(B, Lmax, Hkv, D, device=device, dtype=torch.float16) for _ in range(2))
+    (k_cache, table), (v_cache, _) = paged(dense_k, lengths, page_size), paged(dense_v, lengths, page_size)
+    q = torch.randn(B, 1, Hq, D, device=device, dtype=torch.float16)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths.to(device), block_table=table, causal=True,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    assert chosen and all((c > 0) == (split_pages == 256) for c in chosen), chosen
+    o_ref, lse_ref = reference(q, dense_k, dense_v, lengths, True)
+    assert not out.isnan().any() and (out.double() - o_ref).abs().max() <= TOL[torch.float16]
+    assert (lse.double() - lse_ref).abs().max() <= 1e-3
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, 0])

@@ -90,6 +90,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                     USE_TMA: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False, FIXED_MAX: tl.constexpr = False,
                     block_table=None, stride_kp=0, stride_vp=0,   # with PAGE_SIZE: the sequence's pages and the caches' page strides
                     PAGE_SIZE: tl.constexpr = 0,           # a paged cache (06): k_src, v_src at its KV head, key j in page j // PAGE_SIZE
+                    PAGE_LIST: tl.constexpr = 0, first_page=0,   # > 0: block_table holds pages first_page… in registers (06)
                     ROWS_PAST_END: tl.constexpr = False,   # with USE_TMA: rows past seqlen_k are another sequence's (13), not TMA's zeros
                     window_left=0, window_right=0, softcap_scale=0.0, softcap_log2=0.0, slope_log2=0.0,   # score modifiers (14)
                     WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
@@ -102,7 +103,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q,                    # running state (float3
                 in_page = (start_n % PAGE_SIZE + offs_n)[:, None].to(tl.int64)
                 k_rows, v_rows = page * stride_kp + in_page * stride_kn, page * stride_vp + in_page * stride_vn
             else:                                            # a lookup per key
-                if PAGE_SIZE > 1 and BLOCK_N % PAGE_SIZE == 0:   # the tile's pages: each number read once, repeated over its keys
+                if PAGE_LIST > 0:                            # read before the loop: no round trip to memory before the loads
+                    page = tl.gather(block_table, tl.minimum(cols // PAGE_SIZE - first_page, PAGE_LIST - 1), 0).to(tl.int64)
+                elif PAGE_SIZE > 1 and BLOCK_N % PAGE_SIZE == 0:   # the tile's pages: each number read once, repeated over its keys
                     slot = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
                     pages = tl.load(block_table + slot, mask=slot * PAGE_SIZE < seqlen_k, other=0)
                     page = tl.gather(pages, offs_n // PAGE_SIZE, 0).to(tl.int64)
