@@ -1,7 +1,7 @@
 """Ring attention over real process groups: 2 and 3 processes on localhost with gloo (the CPU backend; the kernels run in
 Triton's interpreter there), each rank checked against float64 attention over the whole sequence, forward and backward:
 contiguous and zigzag shards, causal and not, GQA and MQA, odd local lengths, fp16 and bf16, a custom scale, the LSE and
-its gradient, packed QKV, non-contiguous inputs, no tokens; and ranks called with different shapes raising on every rank
+its gradient, packed QKV, non-contiguous inputs, no tokens, a ring over a subgroup; and ranks called with different shapes raising on every rank
 instead of hanging."""
 import json, os, socket, time, traceback
 
@@ -38,8 +38,8 @@ def rel_error(g, ref) -> float:
     return (g.double() - ref).norm().item() / max(ref.norm().item(), 1e-3 * ref.numel() ** 0.5, 1e-30)
 
 
-def run_case(rank, world, zigzag, causal, dtype, B, L, Hq, Hkv, D, scale, how) -> dict:
-    "One case on this rank: its errors against float64 over the whole sequence."
+def run_case(rank, world, zigzag, causal, dtype, B, L, Hq, Hkv, D, scale, how, group=None) -> dict:
+    "One case on this rank (its rank in `group`): its errors against float64 over the whole sequence."
     torch.manual_seed(L * 100 + D)                           # every rank draws the same whole sequence
     n = L * world
     q, do = (torch.randn(B, n, Hq, D).to(dtype) for _ in range(2))
@@ -55,7 +55,7 @@ def run_case(rank, world, zigzag, causal, dtype, B, L, Hq, Hkv, D, scale, how) -
     if how == "qkvpacked":
         qkv = torch.stack([mine(q), mine(k), mine(v)], dim=2).requires_grad_()
         packed = (triton_fa2.zigzag_ring_flash_attn_qkvpacked_func if zigzag else triton_fa2.ring_flash_attn_qkvpacked_func)
-        out, lse, _ = packed(qkv, softmax_scale=scale, causal=causal, return_attn_probs=True)
+        out, lse, _ = packed(qkv, softmax_scale=scale, causal=causal, return_attn_probs=True, group=group)
         out.backward(mine(do))
         grads = qkv.grad.unbind(2)
     else:
@@ -63,7 +63,7 @@ def run_case(rank, world, zigzag, causal, dtype, B, L, Hq, Hkv, D, scale, how) -
         args = local
         if how == "noncontiguous":                          # (B, H, L, D) tensors seen as (B, L, H, D)
             args = [t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in local]
-        out, lse, _ = fn(*args, softmax_scale=scale, causal=causal, return_attn_probs=True)
+        out, lse, _ = fn(*args, softmax_scale=scale, causal=causal, return_attn_probs=True, group=group)
         loss = (out.double() * mine(do).double()).sum() + ((lse.double() * mine(dlse, 2).double()).sum() if how == "lse" else 0)
         loss.backward()
         grads = [t.grad for t in args]
@@ -100,6 +100,11 @@ def worker(rank, world, port, names, out_dir):
     for name in names:
         try: results[name] = run_case(rank, world, *CASES[name][1:])
         except Exception: results[name] = {"error": traceback.format_exc()}
+    if world == 3:                          # a ring over ranks 0 and 2 only: peers named by their ranks in the world
+        pair = dist.new_group([0, 2])
+        if rank != 1:
+            try: results["subgroup"] = run_case(dist.get_rank(pair), 2, *CASES["zigzag_causal_mqa_bf16"][1:], group=pair)
+            except Exception: results["subgroup"] = {"error": traceback.format_exc()}
     try: results["refusals"] = run_refusals(rank, world)
     except Exception: results["refusals"] = {"error": traceback.format_exc()}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f: json.dump(results, f)
@@ -133,6 +138,17 @@ def test_ring_matches_float64_on_every_rank(ring_results):
             assert r["out"] <= OUT_TOL[dtype], (name, rank, r)
             assert r["lse"] <= 1e-3, (name, rank, r)
             for g in ("dq", "dk", "dv"): assert r[g] <= GRAD_TOL[dtype], (name, rank, g, r)
+
+
+def test_ring_over_a_subgroup(ring_results):
+    world, _, ranks = ring_results
+    if world != 3: pytest.skip("a subgroup of two ranks needs a world of three")
+    for rank in (0, 2):
+        r = ranks[rank]["subgroup"]
+        assert "error" not in r, f"rank {rank}:\n{r.get('error')}"
+        assert r["out"] <= OUT_TOL[torch.bfloat16] and r["lse"] <= 1e-3, r
+        for g in ("dq", "dk", "dv"): assert r[g] <= GRAD_TOL[torch.bfloat16], (rank, g, r)
+    assert "subgroup" not in ranks[1]
 
 
 def test_ring_refuses_ranks_called_differently_on_every_rank(ring_results):
