@@ -1,7 +1,7 @@
 """Ring attention over real process groups: 2 and 3 processes on localhost with gloo (the CPU backend; the kernels run in
 Triton's interpreter there), each rank checked against float64 attention over the whole sequence, forward and backward:
 contiguous and zigzag shards, causal and not, GQA and MQA, odd local lengths, fp16 and bf16, a custom scale, the LSE and
-its gradient, packed QKV, non-contiguous inputs, no tokens, a ring over a subgroup; and ranks called with different shapes raising on every rank
+its gradient, packed QKV and KV, non-contiguous inputs, no tokens, a ring over a subgroup; and ranks called with different shapes raising on every rank
 instead of hanging."""
 import json, os, socket, time, traceback
 
@@ -24,6 +24,7 @@ CASES = {
     "zigzag_causal_mqa_bf16":           ((2, 3), True, True, torch.bfloat16, 1, 6, 4, 1, 16, None, "plain"),
     "zigzag_full_scale":                ((2,), True, False, torch.float16, 1, 4, 2, 2, 32, 0.3, "plain"),
     "zigzag_causal_qkvpacked":          ((2,), True, True, torch.float16, 1, 6, 2, 2, 16, None, "qkvpacked"),
+    "contiguous_causal_kvpacked_gqa":   ((3,), False, True, torch.float16, 1, 4, 4, 2, 16, None, "kvpacked"),
     "contiguous_causal_noncontiguous":  ((2,), False, True, torch.float16, 2, 5, 2, 2, 16, None, "noncontiguous"),
     "contiguous_causal_lse_gradient":   ((2,), False, True, torch.float16, 1, 6, 2, 1, 16, None, "lse"),
 }
@@ -58,6 +59,12 @@ def run_case(rank, world, zigzag, causal, dtype, B, L, Hq, Hkv, D, scale, how, g
         out, lse, _ = packed(qkv, softmax_scale=scale, causal=causal, return_attn_probs=True, group=group)
         out.backward(mine(do))
         grads = qkv.grad.unbind(2)
+    elif how == "kvpacked":
+        q_local, kv = mine(q).clone().requires_grad_(), torch.stack([mine(k), mine(v)], dim=2).requires_grad_()
+        packed = (triton_fa2.zigzag_ring_flash_attn_kvpacked_func if zigzag else triton_fa2.ring_flash_attn_kvpacked_func)
+        out, lse, _ = packed(q_local, kv, softmax_scale=scale, causal=causal, return_attn_probs=True, group=group)
+        out.backward(mine(do))
+        grads = (q_local.grad, *kv.grad.unbind(2))
     else:
         local = [mine(t).clone().requires_grad_() for t in (q, k, v)]
         args = local

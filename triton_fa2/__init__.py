@@ -8,10 +8,11 @@ from .interface import (attention, decode, flash_attn_func, flash_attn_kvpacked_
                         flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache, warmup)
 from .causal import attention_flops
 from .split_kv import merge_attention_states, num_splits_heuristic
-from .ring import (ring_flash_attn_func, ring_flash_attn_qkvpacked_func, zigzag_ring_flash_attn_func, zigzag_ring_flash_attn_qkvpacked_func,
-                   zigzag_shard)
+from .ring import (ring_flash_attn_func, ring_flash_attn_kvpacked_func, ring_flash_attn_qkvpacked_func, zigzag_ring_flash_attn_func,
+                   zigzag_ring_flash_attn_kvpacked_func, zigzag_ring_flash_attn_qkvpacked_func, zigzag_shard)
 
 __all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "decode", "warmup", "merge_attention_states", "num_splits_heuristic",
-           "ring_flash_attn_func", "zigzag_ring_flash_attn_func", "ring_flash_attn_qkvpacked_func", "zigzag_ring_flash_attn_qkvpacked_func", "zigzag_shard",
+           "ring_flash_attn_func", "zigzag_ring_flash_attn_func", "ring_flash_attn_qkvpacked_func", "zigzag_ring_flash_attn_qkvpacked_func",
+           "ring_flash_attn_kvpacked_func", "zigzag_ring_flash_attn_kvpacked_func", "zigzag_shard",
            "attention_flops", "__version__"]

@@ -6,7 +6,8 @@ Docs: https://triton-fa2.github.io/triton_fa2/ring.html.md"""
 
 # %% auto #0
 __all__ = ['ring_step', 'zigzag_shard', 'ring_flash_attn_func', 'zigzag_ring_flash_attn_func', 'ring_flash_attn_qkvpacked_func',
-           'zigzag_ring_flash_attn_qkvpacked_func']
+           'zigzag_ring_flash_attn_qkvpacked_func', 'ring_flash_attn_kvpacked_func',
+           'zigzag_ring_flash_attn_kvpacked_func']
 
 # %% ../nbs/16_ring.ipynb #11a61624
 from .runtime import interpreting  # noqa: F401  first: without a GPU it turns the interpreter on before @triton.jit runs
@@ -207,5 +208,21 @@ def zigzag_ring_flash_attn_qkvpacked_func(qkv:torch.Tensor, dropout_p:float=0.0,
                                           return_attn_probs:bool=False, group=None):
     "`zigzag_ring_flash_attn_func` on qkv (B, L / w, 3, H, D); its gradient lands in the packed buffer."
     q, k, v = _unpack(qkv, "qkv", 3, "(batch, seqlen, 3, nheads, headdim)")
+    return zigzag_ring_flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                                       return_attn_probs, group)
+
+def ring_flash_attn_kvpacked_func(q:torch.Tensor, kv:torch.Tensor, dropout_p:float=0.0, softmax_scale:float=None, causal:bool=False,
+                                  window_size:tuple=(-1, -1), alibi_slopes=None, deterministic:bool=False,
+                                  return_attn_probs:bool=False, group=None):
+    "`ring_flash_attn_func` on q (B, L / w, Hq, D) and kv (B, L / w, 2, Hkv, D); kv's gradient lands in the packed buffer."
+    k, v = _unpack(kv, "kv", 2, "(batch, seqlen, 2, nheads_k, headdim)")
+    return ring_flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                                return_attn_probs, group)
+
+def zigzag_ring_flash_attn_kvpacked_func(q:torch.Tensor, kv:torch.Tensor, dropout_p:float=0.0, softmax_scale:float=None,
+                                         causal:bool=False, window_size:tuple=(-1, -1), alibi_slopes=None, deterministic:bool=False,
+                                         return_attn_probs:bool=False, group=None):
+    "`zigzag_ring_flash_attn_func` on q (B, L / w, Hq, D) and kv (B, L / w, 2, Hkv, D); kv's gradient lands in the packed buffer."
+    k, v = _unpack(kv, "kv", 2, "(batch, seqlen, 2, nheads_k, headdim)")
     return zigzag_ring_flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
                                        return_attn_probs, group)
