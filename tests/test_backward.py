@@ -297,22 +297,22 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
     monkeypatch.setattr(candidates_module, "interpreting", lambda: False)
     for D in BACKWARD_GLUON:
         plain = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)
-        softcapped = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, softcap=True)
-        alibi = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True)
+        mixed = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True, softcap_mixed=True)
+        alibi = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True, score_mods=True)   # or softcap alone
         windowed = backward_candidates("bwd_dkdv", D, False, 227 * 1024, gluon=True)   # a window changes no candidate
-        assert [c for c in plain if c not in softcapped] == [c for c in BACKWARD_GLUON[D]
-                                                             if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
+        assert [c for c in plain if c not in mixed] == [c for c in BACKWARD_GLUON[D]
+                                                        if (c, D) in BACKWARD_GLUON_SCORE_SPILLS or c.WARP_SPECIALIZE]
         assert [c for c in plain if c not in alibi] == [c for c in BACKWARD_GLUON[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
         assert windowed == plain
-        assert any(c.kernel == "gluon_dkdv" for c in softcapped)       # every head dim keeps a Gluon tile
+        assert any(c.kernel == "gluon_dkdv" for c in mixed)            # every head dim keeps a Gluon tile
     for D in BACKWARD_GLUON_DQ:                                        # the warp-specialised dQ pass: every modifier
         plain = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True)
-        softcapped = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, score_mods=True, softcap=True)
+        softcapped = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, score_mods=True, softcap_mixed=True)
         assert [c for c in plain if c not in softcapped] == [c for c in BACKWARD_GLUON_DQ[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
-    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: windows, ALiBi, sinks
+    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: every modifier
     for name in ("softcap", "all"):
-        with pytest.raises(ValueError, match="takes no softcap"):
-            gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])
+        named, _ = gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])
+        assert named["SOFTCAP"] and named["softcap_scale"] == 0.125 / 3.0 and named["ALIBI"] == (name == "all")
     named, _ = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, False, 0.125, ws, every["window"])
     assert named["WINDOW"] and (named["window_left"], named["window_right"]) == (8, 0)
     dq_ws = BACKWARD_GLUON_DQ[64][0]
@@ -344,12 +344,12 @@ def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
     """Every Gluon dK/dV candidate that takes them with a window (reaching back past a block, narrower than one, on both
     sides), softcap, ALiBi per head and per batch row, and all of them with a sink, causal and not, Lq ≠ Lk both ways and
     GQA, against float64 autograd through `attention_ref` (the dQ pass: the `tl` one). The warp-specialised pass: windows
-    and ALiBi, without softcap."""
+    and ALiBi, softcap alone (with a sink too)."""
     from test_score_mods import grads_ref, mods_for
     from triton_fa2.candidates import BACKWARD_GLUON_SCORE_SPILLS
     dq_pass = BACKWARD[("bwd_dq", D, False)][0]
     variants = [dict(window=w) for w in [(100, 0), (5, 3), (70, 33)]] + [
-        dict(softcap=30.0), dict(alibi="per head"), dict(alibi="per batch row"),
+        dict(softcap=30.0), dict(softcap=30.0, sink=True), dict(alibi="per head"), dict(alibi="per batch row"),
         dict(window=(70, 33), softcap=30.0, alibi="per head", sink=True)]
     for (B, Hq, Hkv, Lq, Lk, causal), variant in itertools.product(GLUON_DKDV_CASES[:3], variants):
         q, do = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hq, Lq, D, dtype=dtype)
@@ -361,7 +361,7 @@ def test_gpu_gluon_dkdv_with_score_modifiers(D, dtype):
         scored = "softcap" in variant or "alibi" in variant
         for c in BACKWARD_GLUON[D]:
             if scored and (c, D) in BACKWARD_GLUON_SCORE_SPILLS: continue
-            if c.WARP_SPECIALIZE and "softcap" in variant: continue   # `_attn_bwd_dkdv_gluon` takes softcap
+            if c.WARP_SPECIALIZE and "softcap" in variant and ("window" in variant or "alibi" in variant): continue
             grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             _attention_backward(do, q, k, v, o, lse, None, *grads, causal, D ** -0.5, configs=(c, dq_pass), mods=mods)
             check_grads(grads, refs, dtype)

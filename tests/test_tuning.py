@@ -122,7 +122,7 @@ def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
                        if c.kernel != "gluon" or gluon.takes(c, given)]
         else:
             offered = candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True, score_mods=mods != "window",
-                                                     softcap=mods == "softcap")
+                                                     softcap_mixed=False)
         pick = dispatch._rule_pick(r["config"], offered)
         every = (candidates.prefill_candidates(r["head_dim"], False, smem, gluon=True) if r["kernel"] == "prefill"
                  else candidates.backward_candidates(r["kernel"], r["head_dim"], False, smem, gluon=True))

@@ -225,8 +225,9 @@ def shipped():
     for D, table in candidates.BACKWARD_GLUON.items():
         for c in table:
             jobs.append((f"backward {c.label} D={D}", ("gluon_dkdv", D, c, None)))
-            if c.WARP_SPECIALIZE:                                         # takes windows and ALiBi, no softcap
+            if c.WARP_SPECIALIZE:                                         # takes windows, ALiBi, softcap alone
                 jobs.append((f"backward {c.label} D={D} with ALiBi", ("gluon_dkdv", D, c, "alibi")))
+                jobs.append((f"backward {c.label} D={D} with softcap", ("gluon_dkdv", D, c, "softcap")))
                 jobs.append((f"backward {c.label} D={D} window", ("gluon_dkdv", D, c, "window")))
                 jobs.append((f"backward {c.label} D={D} window and ALiBi", ("gluon_dkdv", D, c, "window and alibi")))
                 continue
@@ -294,7 +295,7 @@ def compile_job(job) -> list:
         Hkv, Lq, page_size = heads
         kernels = [("_decode_fwd", compile_decode(Hkv=Hkv, Lq=Lq, D=D, config=config, page_size=page_size)[0])]
     elif kind == "gluon_dkdv":
-        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True), "alibi": ALIBI_ALONE,
+        mods = {"window": WINDOW_ALONE, "every modifier": all_mods(8, True), "alibi": ALIBI_ALONE, "softcap": SOFTCAP_ALONE,
                 "window and alibi": ALIBI_ALONE._replace(window_size=WINDOW_ALONE.window_size)}.get(heads)
         kernels = [(f"{config.label} {mask}" + (f" with {'a window' if heads == 'window' else heads}" if mods else ""),
                     compile_gluon_dkdv(config, D=D, causal=mask == "causal", mods=mods))
@@ -326,6 +327,7 @@ def compile_job(job) -> list:
 
 WINDOW_ALONE = fwd.ScoreMods(window_size=(4095, 0))
 ALIBI_ALONE = fwd.ScoreMods(alibi_slopes=torch.empty(8))   # per head, as compile_gluon_dkdv's and compile_gluon_dq's Hq
+SOFTCAP_ALONE = fwd.ScoreMods(softcap=50.0)
 
 
 MODIFIER_JOBS = {   # one config each, the smallest tiles of each table (what a first call without tuning may run)
@@ -360,7 +362,8 @@ def spill_accepted(job) -> bool:
     measures them), or a Gluon forward kernel with a window and every other modifier at once (with D = 128 the
     one-warpgroup kernel spills 32–40 bytes on Triton 3.9, not on 3.6), or the Gluon dK/dV pass with every modifier
     (the 64-key overlapped tile at D = 64 spills 16–32 bytes on Triton 3.9 with ALiBi), or its warp-specialised form with
-    a window (24 bytes on Triton 3.6, as the accepted plain causal tile, 32–40 with ALiBi too), or any Gluon launch on
+    a window (24 bytes on Triton 3.6, as the accepted plain causal tile, 32–40 with ALiBi too, 32–40 with softcap), or
+    any Gluon launch on
     a Triton release its kernels do not run on (`gluon.GLUON_RELEASES`: compiled there to show they compile, never
     launched). The Gluon forward kernels with the other modifiers, or a window alone, may not spill."""
     kind, D, config, heads = job

@@ -169,7 +169,8 @@ BACKWARD = {   # (kernel, head-dim tile width, through pointers) → candidates
 # The dK/dV pass in Gluon on sm_90 (15), at these head dims, fastest first on the H200 (faster than every `tl` tile of the
 # pass at both, `lab/data/backward_gluon_dkdv_h200.log`); BLOCK_N keys per program, a warpgroup per 64 of them. At D 128
 # the warp-specialised pass (a loading warp, two consumer warpgroups of 64 keys) is faster still (1.10–1.17× the 64×128
-# tile, `lab/data/backward_gluon_dkdv_ws_h200.log`; at D 64 it is slower) but takes no softcap (`backward_candidates`)
+# tile, `lab/data/backward_gluon_dkdv_ws_h200.log`; at D 64 it is slower). With softcap and a window or ALiBi together it
+# spills 72–248 B per thread (Triton 3.6), and those backwards take the others (`backward_candidates`)
 BACKWARD_GLUON = {64: (Candidate("gluon_dkdv", 64, 64, 4, 2, OVERLAP=True), Candidate("gluon_dkdv", 64, 64, 4, 2)),
                   128: (Candidate("gluon_dkdv", 64, 128, 4, 2, WARP_SPECIALIZE=True), Candidate("gluon_dkdv", 64, 128, 8, 2),
                         Candidate("gluon_dkdv", 32, 64, 4, 2))}
@@ -208,7 +209,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
                         varlen:bool=False,  # the passes of packed sequences (pointers only)
                         gluon:bool=False,   # the passes in Gluon may run (`gluon_backward.gluon_dkdv_applies`): their candidates first
                         score_mods:bool=False,   # softcap or ALiBi change the scores: not the Gluon candidates they make spill
-                        softcap:bool=False,      # softcap: not the warp-specialised dK/dV pass (windows and ALiBi it takes)
+                        softcap_mixed:bool=False,   # softcap with a window or ALiBi: not the warp-specialised dK/dV pass
                        ) -> list:           # the candidates worth timing, never none
     "The candidates of one backward pass worth timing for this head dim, path and device."
     if interpreting(): return [INTERPRETER_BACKWARD[kernel]]
@@ -218,7 +219,7 @@ def backward_candidates(kernel:str,         # "bwd_dkdv" or "bwd_dq"
     kept = kept or [min(table, key=lambda c: _backward_smem_bytes(c, block_d))]
     if gluon and kernel == "bwd_dkdv" and not (pointers or varlen):
         kept = [c for c in BACKWARD_GLUON.get(head_dim, ()) if not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)
-                and not (softcap and c.WARP_SPECIALIZE)] + kept
+                and not (softcap_mixed and c.WARP_SPECIALIZE)] + kept
     if gluon and kernel == "bwd_dq" and not (pointers or varlen):
         kept = [c for c in BACKWARD_GLUON_DQ.get(head_dim, ()) if _backward_smem_bytes(c, block_d) <= smem_limit
                 and not (score_mods and (c, head_dim) in BACKWARD_GLUON_SCORE_SPILLS)] + kept

@@ -329,6 +329,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             return plan.candidates
     mod_flags = {} if mods is None else _backward._backward_mod_flags(mods, causal)
     flags, score_mods = tuple(mod_flags.values()), mod_flags.get("SOFTCAP", False) or mod_flags.get("ALIBI", False)
+    softcap_mixed = mod_flags.get("SOFTCAP", False) and (mod_flags.get("ALIBI", False) or mod_flags.get("WINDOW", False))
     signature = _signature(do, q, k, v, o, lse, dlse, dq, dk, dv, causal, scale > 0, configs, flags)
     with _serialised(signature), torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         q, k, v, do = _tma_ready(q, k, v, do)
@@ -356,7 +357,7 @@ def _attention_backward(do, q, k, v, o, lse, dlse, dq, dk, dv, causal:bool, scal
             if pick is None or refused(pick) or (key not in _TUNED and tuning_requested()):
                 rule = rule_config(kernel, _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda else None
                 pick = _choose(key, backward_candidates(kernel, D, not use_tma, smem, gluon=gluon, score_mods=score_mods,
-                                                                softcap=mod_flags.get("SOFTCAP", False)),
+                                                                softcap_mixed=softcap_mixed),
                                run, rule)
             try: launched[i] = run(pick)
             except Exception as e:

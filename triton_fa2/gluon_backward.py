@@ -277,6 +277,27 @@ def _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtyp
     return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout((p * dp).to(dtype), a_layout)
 
 @gluon.jit
+def _p_capped(s, m, rows, offs_n, offset, full_lo, start_m, softcap, slope_log2, dtype: gl.constexpr,
+              a_layout: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False, window=None,
+              ALIBI: gl.constexpr = False):
+    """Pᵀ of one step with SOFTCAP, from the raw Sᵀ alone (dPᵀ not yet issued): Pᵀ as dV's A operand, and Pᵀ ∘ (1 − tanh²),
+    all that dSᵀ = Pᵀ ∘ (dPᵀ − Δ) ∘ (1 − tanh²) needs of Sᵀ, so that the tanh dies here (`softcap` = (softcap_scale,
+    softcap_log2), 14's; ALiBi's bias, `slope_log2` per key row, after the cap, as 14's score function)."""
+    softcap_scale, softcap_log2 = softcap
+    t = _tanh(s * softcap_scale)
+    logits = t * softcap_log2
+    if ALIBI:
+        logits = logits - slope_log2[:, None] * gl.abs((rows + offset).to(gl.float32)[None, :] - offs_n.to(gl.float32)[:, None])
+    p = gl.exp2(logits - m[None, :])
+    if WINDOW:
+        full_end, window_left, window_right, seqlen_k = window
+        if (start_m < full_lo) | (start_m >= full_end):
+            p = gl.where(_visible(rows[None, :], offs_n[:, None], seqlen_k, offset, window_left, window_right, CAUSAL, True), p, 0.0)
+    elif CAUSAL:   # every step: under the branch `_p_ds` takes, Triton 3.6's ptxas spills 100 B more here
+        p = gl.where(offs_n[:, None] <= rows[None, :] + offset, p, 0.0)
+    return gl.convert_layout(p.to(dtype), a_layout), p * (1.0 - t * t)
+
+@gluon.jit
 def _alibi_start(zero, m, slope, pos, keys, left, ROWS_FIRST: gl.constexpr):
     """−m − slope·|p − j| over a tile shaped and laid out as `zero`: rows × keys with ROWS_FIRST, else keys × rows (the
     dK/dV pass's Sᵀ). `pos`: each row's position p less the tile's first key; `keys`: each key's j less it (float32,
@@ -312,10 +333,14 @@ def _dkdv_ws_producer(descs, smem, bars, where):
 @gluon.jit
 def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                       stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale, alibi, window,
-                      CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False):
+                      softcap, CAUSAL: gl.constexpr, ALIBI: gl.constexpr = False, WINDOW: gl.constexpr = False,
+                      SOFTCAP: gl.constexpr = False):
     """Consumer warpgroup `me`: keys first_key + 64·me …, every step's rows: Sᵀ and dPᵀ (started from −M / scale and −Δ,
     and with ALIBI the bias over scale: `alibi` = (SLOPES, stride_slopes_z)), P and dS, then dV and dK. With WINDOW the
-    steps of the block's first and last runs of rows are masked (`window` as `_p_ds_folded` takes it)."""
+    steps of the block's first and last runs of rows are masked (`window` as `_p_ds_folded` takes it). With SOFTCAP
+    (`softcap` = (softcap_scale, softcap_log2), 14's) the cap is taken of the raw scores, so nothing folds into Sᵀ's
+    start: Sᵀ runs alone, `_p_capped` turns it into Pᵀ and its derivative factor, and only then are dPᵀ and dV's product
+    issued, so that Sᵀ, the tanh, M, Δ and dPᵀ are never all live at once."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_smem, do_smem = smem
     kv_bars, ready, empty = bars
@@ -342,24 +367,43 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
     for t in range(n_steps):
         slot = t % stages
         h, start_m = _step_rows(t, per_head, lo, head0, BLOCK_M=BLOCK_M)
-        m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
-        if ALIBI:   # −slope·|p − j| / scale joins −M / scale in the start: P = 2^(scale·S − slope·|p − j| − M) as before
-            SLOPES, stride_slopes_z = alibi
-            slope = gl.load(SLOPES + off_z * stride_slopes_z + h) * (1.4426950408889634 / qk_scale)   # log2 e, over scale
-            s_start = _alibi_start(s_zero, m * (1.0 / qk_scale), slope, (rows + offset - keys0).to(gl.float32), keys_from0,
-                                   CAUSAL and start_m >= full_lo, 0)
-        else: s_start = s_zero - (m * (1.0 / qk_scale))[None, :]
-        dp_start = s_zero - delta[None, :]
-        mbarrier.wait(ready.index(slot), (t // stages) & 1)
-        q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        s_tok = warpgroup_mma(k, q.permute((1, 0)), s_start, is_async=True)        # Sᵀ − M / scale = K Qᵀ − M / scale
-        dp_tok = warpgroup_mma(v, do.permute((1, 0)), dp_start, is_async=True)     # dPᵀ − Δ
-        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-        p16, ds16 = _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL, WINDOW, window)
-        dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)        # dV += Pᵀ dO
-        dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)        # dK += dSᵀ Q
-        dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
+        if SOFTCAP:   # each row's M and Δ loaded where they are used (held across the waits, they spill on Triton 3.6)
+            rows = start_m + offs_m
+            at = (off_z * num_heads_q + h).to(gl.int64) * seqlen_q
+            mbarrier.wait(ready.index(slot), (t // stages) & 1)
+            q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            s = warpgroup_mma_wait(0, deps=(warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
+            slope_log2 = _step_slope(alibi[0], alibi[1], off_z, h, ALIBI, KEYS, gl.SliceLayout(1, s_layout))
+            m = gl.load(M + at + rows, mask=rows < seqlen_q, other=float("inf"))
+            p16, capped = _p_capped(s, m, rows, offs_n, offset, full_lo, start_m, softcap, slope_log2, dtype, a_layout,
+                                    CAUSAL, WINDOW, window, ALIBI)
+            delta = gl.load(DELTA + at + rows, mask=rows < seqlen_q, other=0.0)
+            dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero - delta[None, :], is_async=True)   # dPᵀ − Δ
+            dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)                  # dV += Pᵀ dO
+            dp = warpgroup_mma_wait(1, deps=(dp_tok,))                                              # dV may still run
+            ds16 = gl.convert_layout((capped * dp).to(dtype), a_layout)
+            dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)                  # dK += dSᵀ Q
+            dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
+        else:
+            m, delta, rows = _row_stats(M, DELTA, off_z, h, num_heads_q, seqlen_q, start_m, offs_m)
+            if ALIBI:   # −slope·|p − j| / scale joins −M / scale in the start: P = 2^(scale·S − slope·|p − j| − M) as before
+                SLOPES, stride_slopes_z = alibi
+                slope = gl.load(SLOPES + off_z * stride_slopes_z + h) * (1.4426950408889634 / qk_scale)   # log2 e, over scale
+                s_start = _alibi_start(s_zero, m * (1.0 / qk_scale), slope, (rows + offset - keys0).to(gl.float32), keys_from0,
+                                       CAUSAL and start_m >= full_lo, 0)
+            else: s_start = s_zero - (m * (1.0 / qk_scale))[None, :]
+            dp_start = s_zero - delta[None, :]
+            mbarrier.wait(ready.index(slot), (t // stages) & 1)
+            q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            s_tok = warpgroup_mma(k, q.permute((1, 0)), s_start, is_async=True)        # Sᵀ − M / scale = K Qᵀ − M / scale
+            dp_tok = warpgroup_mma(v, do.permute((1, 0)), dp_start, is_async=True)     # dPᵀ − Δ
+            s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            p16, ds16 = _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtype, a_layout, CAUSAL, WINDOW, window)
+            dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)        # dV += Pᵀ dO
+            dk_tok = warpgroup_mma(ds16, q, warpgroup_mma_init(dk), is_async=True)        # dK += dSᵀ Q
+            dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16))
         mbarrier.arrive(empty.index(slot), count=1)
     _store_dkdv(dk, dv, keys0, DK, DV, off_z, off_hkv, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                 seqlen_k, scale)
@@ -394,9 +438,10 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
                       num_heads_q, group_size, seqlen_q, seqlen_k, scale, qk_scale,
                       SLOPES, stride_slopes_z,            # with ALIBI: float32 slopes (B or 1, Hq)
                       window_left, window_right,          # with WINDOW: keys p − left … p + right (ints ≥ 0; 14)
+                      softcap_scale, softcap_log2,        # with SOFTCAP: scale / c and c · log2(e) (14)
                       HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, ALIBI: gl.constexpr = False,
-                      WINDOW: gl.constexpr = False):
+                      WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
     """`_attn_bwd_dkdv_gluon`'s program (128 keys of a batch and KV head, its group's query heads summed, the same row
     bounds, with a window its three runs of rows) as a loading warp and two consumer warpgroups of 64 keys."""
     dtype: gl.constexpr = q_desc.dtype
@@ -424,10 +469,12 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     where = (off_z, off_hkv, first_key, lo, full_lo, per_head, n_steps, head0)
     gl.warp_specialize([(_dkdv_ws_consumer, (0, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             (SLOPES, stride_slopes_z), window, CAUSAL, ALIBI, WINDOW)),
+                                             (SLOPES, stride_slopes_z), window, (softcap_scale, softcap_log2),
+                                             CAUSAL, ALIBI, WINDOW, SOFTCAP)),
                         (_dkdv_ws_consumer, (1, descs, smem, bars, where, DK, DV, M, DELTA, stride_dkz, stride_dkh, stride_dkn,
                                              stride_dvz, stride_dvh, stride_dvn, num_heads_q, seqlen_q, seqlen_k, scale, qk_scale,
-                                             (SLOPES, stride_slopes_z), window, CAUSAL, ALIBI, WINDOW)),
+                                             (SLOPES, stride_slopes_z), window, (softcap_scale, softcap_log2),
+                                             CAUSAL, ALIBI, WINDOW, SOFTCAP)),
                         (_dkdv_ws_producer, (descs, smem, bars, where))],
                        [4, 1], [CONSUMER_REGS, 24])
 
@@ -435,23 +482,22 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
 def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
     "`_attn_bwd_dkdv_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 keys."
     flags = _backward_mod_flags(mods, causal)
-    if flags["SOFTCAP"]:
-        raise ValueError(f"{candidate.label} takes no softcap: `_attn_bwd_dkdv_gluon` does")
     if candidate.BLOCK_N != 128 or candidate.num_warps != 4:
         raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 keys (BLOCK_N 128, 4 warps each)")
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     c = candidate
-    window_left, window_right, _, _, slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[:6]
+    window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z = _mod_args(mods, causal, scale, Lq, Lk, q.device)[:6]
     named = dict(q_desc=_descriptor(q, c.BLOCK_M), k_desc=_descriptor(k, 64), v_desc=_descriptor(v, 64),
                  do_desc=_descriptor(do, c.BLOCK_M), DK=dk, DV=dv, M=m, DELTA=delta,
                  stride_dkz=dk.stride(0), stride_dkh=dk.stride(1), stride_dkn=dk.stride(2),
                  stride_dvz=dv.stride(0), stride_dvh=dv.stride(1), stride_dvn=dv.stride(2),
                  num_heads_q=Hq, group_size=Hq // Hkv, seqlen_q=Lq, seqlen_k=Lk, scale=scale, qk_scale=scale * LOG2E,
                  SLOPES=slopes, stride_slopes_z=stride_slopes_z, window_left=window_left, window_right=window_right,
+                 softcap_scale=softcap_scale, softcap_log2=softcap_log2,
                  HEAD_DIM=D, CAUSAL=causal, BLOCK_M=c.BLOCK_M, STAGES=c.num_stages,
                  CONSUMER_REGS=_WS_CONSUMER_REGS, num_warps=4, maxnreg=_ws_maxnreg(_WS_CONSUMER_REGS), ALIBI=flags["ALIBI"],
-                 WINDOW=flags["WINDOW"], **COMPILE_OPTIONS)
+                 WINDOW=flags["WINDOW"], SOFTCAP=flags["SOFTCAP"], **COMPILE_OPTIONS)
     return named, triton.cdiv(Lk, 128) * B * Hkv
 
 _DKDV_WS_ARGS = list(inspect.signature(_attn_bwd_dkdv_ws.fn).parameters)
