@@ -309,10 +309,11 @@ def test_the_gluon_dkdv_pass_takes_every_modifier_but_not_with_tiles_they_spill(
         plain = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True)
         softcapped = backward_candidates("bwd_dq", D, False, 227 * 1024, gluon=True, score_mods=True, softcap_mixed=True)
         assert [c for c in plain if c not in softcapped] == [c for c in BACKWARD_GLUON_DQ[D] if (c, D) in BACKWARD_GLUON_SCORE_SPILLS]
-    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: every modifier
-    for name in ("softcap", "all"):
-        named, _ = gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every[name])
-        assert named["SOFTCAP"] and named["softcap_scale"] == 0.125 / 3.0 and named["ALIBI"] == (name == "all")
+    ws = next(c for c in BACKWARD_GLUON[128] if c.WARP_SPECIALIZE)     # the warp-specialised pass: softcap alone, the rest with anything
+    named, _ = gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every["softcap"])
+    assert named["SOFTCAP"] and named["softcap_scale"] == 0.125 / 3.0 and not named["ALIBI"]
+    with pytest.raises(ValueError, match="takes softcap alone"):              # with a window or ALiBi it spills
+        gluon_bwd._dkdv_ws_arguments(q, q, q, q, q, q, m, m, True, 0.125, ws, every["all"])
     named, _ = gluon_bwd._dkdv_ws_arguments(q, q[:, :1], q[:, :1], q, q[:, :1], q[:, :1], m, m, False, 0.125, ws, every["window"])
     assert named["WINDOW"] and (named["window_left"], named["window_right"]) == (8, 0)
     dq_ws = BACKWARD_GLUON_DQ[64][0]

@@ -277,23 +277,14 @@ def _p_ds_folded(s, dp, offs_m, offs_n, offset, full_lo, start_m, qk_scale, dtyp
     return gl.convert_layout(p.to(dtype), a_layout), gl.convert_layout((p * dp).to(dtype), a_layout)
 
 @gluon.jit
-def _p_capped(s, m, rows, offs_n, offset, full_lo, start_m, softcap, slope_log2, dtype: gl.constexpr,
-              a_layout: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False, window=None,
-              ALIBI: gl.constexpr = False):
-    """Pᵀ of one step with SOFTCAP, from the raw Sᵀ alone (dPᵀ not yet issued): Pᵀ as dV's A operand, and Pᵀ ∘ (1 − tanh²),
-    all that dSᵀ = Pᵀ ∘ (dPᵀ − Δ) ∘ (1 − tanh²) needs of Sᵀ, so that the tanh dies here (`softcap` = (softcap_scale,
-    softcap_log2), 14's; ALiBi's bias, `slope_log2` per key row, after the cap, as 14's score function)."""
+def _p_capped(s, m, rows, offs_n, offset, softcap, dtype: gl.constexpr, a_layout: gl.constexpr, CAUSAL: gl.constexpr):
+    """Pᵀ of one step with SOFTCAP (alone: with a window or ALiBi too the pass spills, `_dkdv_ws_arguments`), from the raw
+    Sᵀ alone (dPᵀ not yet issued): Pᵀ as dV's A operand, and Pᵀ ∘ (1 − tanh²), all that dSᵀ = Pᵀ ∘ (dPᵀ − Δ) ∘ (1 − tanh²)
+    needs of Sᵀ, so that the tanh dies here (`softcap` = (softcap_scale, softcap_log2), 14's)."""
     softcap_scale, softcap_log2 = softcap
     t = _tanh(s * softcap_scale)
-    logits = t * softcap_log2
-    if ALIBI:
-        logits = logits - slope_log2[:, None] * gl.abs((rows + offset).to(gl.float32)[None, :] - offs_n.to(gl.float32)[:, None])
-    p = gl.exp2(logits - m[None, :])
-    if WINDOW:
-        full_end, window_left, window_right, seqlen_k = window
-        if (start_m < full_lo) | (start_m >= full_end):
-            p = gl.where(_visible(rows[None, :], offs_n[:, None], seqlen_k, offset, window_left, window_right, CAUSAL, True), p, 0.0)
-    elif CAUSAL:   # every step: under the branch `_p_ds` takes, Triton 3.6's ptxas spills 100 B more here
+    p = gl.exp2(t * softcap_log2 - m[None, :])
+    if CAUSAL:   # every step: under the branch `_p_ds` takes, Triton 3.6's ptxas spills 100 B more here
         p = gl.where(offs_n[:, None] <= rows[None, :] + offset, p, 0.0)
     return gl.convert_layout(p.to(dtype), a_layout), p * (1.0 - t * t)
 
@@ -374,10 +365,8 @@ def _dkdv_ws_consumer(me: gl.constexpr, descs, smem, bars, where, DK, DV, M, DEL
             q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
             do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
             s = warpgroup_mma_wait(0, deps=(warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
-            slope_log2 = _step_slope(alibi[0], alibi[1], off_z, h, ALIBI, KEYS, gl.SliceLayout(1, s_layout))
             m = gl.load(M + at + rows, mask=rows < seqlen_q, other=float("inf"))
-            p16, capped = _p_capped(s, m, rows, offs_n, offset, full_lo, start_m, softcap, slope_log2, dtype, a_layout,
-                                    CAUSAL, WINDOW, window, ALIBI)
+            p16, capped = _p_capped(s, m, rows, offs_n, offset, softcap, dtype, a_layout, CAUSAL)
             delta = gl.load(DELTA + at + rows, mask=rows < seqlen_q, other=0.0)
             dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero - delta[None, :], is_async=True)   # dPᵀ − Δ
             dv_tok = warpgroup_mma(p16, do, warpgroup_mma_init(dv), is_async=True)                  # dV += Pᵀ dO
@@ -447,6 +436,7 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
     dtype: gl.constexpr = q_desc.dtype
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = 2 * KEYS
+    gl.static_assert(not (SOFTCAP and (ALIBI or WINDOW)), "softcap with a window or ALiBi runs in `_attn_bwd_dkdv_gluon`")
     start_n, off_zh = _program_block(gl.program_id(0), gl.cdiv(seqlen_k, BLOCK_N), False)   # as the `tl` pass
     num_heads_kv = num_heads_q // group_size
     off_z = off_zh // num_heads_kv
@@ -482,6 +472,8 @@ def _attn_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc,   # descriptors of (B, H,
 def _dkdv_ws_arguments(q, k, v, do, dk, dv, m, delta, causal:bool, scale:float, candidate:Candidate, mods=None) -> tuple:
     "`_attn_bwd_dkdv_ws`'s arguments by name (with the launch's register cap), and its grid's size: a program per 128 keys."
     flags = _backward_mod_flags(mods, causal)
+    if flags["SOFTCAP"] and (flags["ALIBI"] or flags["WINDOW"]):
+        raise ValueError(f"{candidate.label} takes softcap alone, not with a window or ALiBi: `_attn_bwd_dkdv_gluon` does")
     if candidate.BLOCK_N != 128 or candidate.num_warps != 4:
         raise ValueError(f"{candidate.label}: the warp-specialised pass has two consumer warpgroups of 64 keys (BLOCK_N 128, 4 warps each)")
     B, Hq, Lq, D = q.shape
