@@ -9,8 +9,9 @@ gradient there; ours returns theirs). SDPA's flash and cuDNN backends take none 
 
 op=forward times o = f(q, k, v); op=backward times torch.autograd.grad of one retained forward (the backward alone).
 FLOPs count the visible (query, key) pairs exactly: 4·D·pairs·B·H forward, 2.5× that backward. `ms` is the median of
-three triton.testing.do_bench medians per provider, the providers interleaved (the H200 runs at its power cap).
-`vs_plain` = the plain causal row's ms of the same shape and provider over this row's ms's inverse (time / plain time);
+`--rounds` (5) triton.testing.do_bench medians; each round times every case and provider of a length in turn (the GPU
+runs at its power cap, and its clock drifts between rounds). `vs_plain` = this row's time over plain causal's of the same
+length and provider, the median of the rounds' ratios (each pair timed in the same round);
 `pairs_vs_plain` = this case's visible pairs over the plain causal case's (what the time should scale with).
 
 Outputs are checked before timing: forward against attention_ref in float32 on sampled heads (and for N=32768 the
@@ -97,63 +98,72 @@ def timed(fn, op:str, q, k, v, do):
     return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
 
 
+def prepare(name, B, n, window, softcap, alibi, sink, q, k, v, do) -> dict:
+    "One case: its providers, its forward error against float32 and its gradients' against FlexAttention's, its picks."
+    seen = set(triton_fa2.dispatch._PICKS)                        # the picks of earlier cases: `config` names this case's
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device="cuda") if alibi else None
+    sinks = torch.randn(H, device="cuda") if sink else None
+    providers = {"triton_fa2": ours_call(window, softcap, slopes, sinks), "flex": flex_call(n, window, softcap, slopes, sinks)}
+    rows_q = slice(max(0, n - 1024), n)                           # sampled heads; the last 1024 queries at long N
+    o_ref, _ = attention_ref(q[:1, :2, rows_q], k[:1, :2], v[:1, :2], causal=True, window_size=window, softcap=softcap,
+                             alibi_slopes=None if slopes is None else slopes[:2], learnable_sink=None if sinks is None else sinks[:2])
+    err_fwd = {}
+    for prov, fn in providers.items():
+        with torch.no_grad(): o = fn(q, k, v)
+        err_fwd[prov] = ((o[:1, :2, rows_q].float() - o_ref).abs().max() / o_ref.abs().max().clamp_min(1)).item()
+    grads = {}
+    for prov, fn in providers.items():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        grads[prov] = torch.autograd.grad(fn(*leaves), leaves, do)
+    err_bwd = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(grads["triton_fa2"], grads["flex"]))
+    config = ";".join(sorted({c.label for key, c in triton_fa2.dispatch._PICKS.items()
+                              if key not in seen and key[0] in ("prefill", "bwd_dkdv", "bwd_dq") and key[1] == D}))
+    return dict(name=name, B=B, n=n, window=window, softcap=softcap, alibi=alibi, sink=sink, providers=providers,
+                err_fwd=err_fwd, err_bwd=err_bwd, config=config, pairs=visible_pairs(n, window))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/score_mods.csv")
     p.add_argument("--commit", default=None)
-    p.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    p.add_argument("--cases", default=None, help="comma-separated case names (default: all; plain runs with any)")
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     meta = run_config(args.commit)
-    rows, plain_ms, plain_pairs = [], {}, {}
-    for name, B, n, window, softcap, alibi, sink in CASES:
-        if args.cases and name not in args.cases.split(","): continue
+    rows = []
+    for n in dict.fromkeys(c[2] for c in CASES):                  # each length's cases together, plain causal first
+        chosen = [c for c in CASES if c[2] == n and (c[0] == "plain" or not args.cases or c[0] in args.cases.split(","))]
+        if len(chosen) == 1 and args.cases: continue
         torch.manual_seed(0)
-        seen = set(triton_fa2.dispatch._PICKS)                    # the picks of earlier cases: `config` names this case's
+        B = chosen[0][1]
         q, k, v, do = (torch.randn(B, H, n, D, device="cuda", dtype=DTYPE) for _ in range(4))
-        slopes = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device="cuda") if alibi else None
-        sinks = torch.randn(H, device="cuda") if sink else None
-        providers = {"triton_fa2": ours_call(window, softcap, slopes, sinks), "flex": flex_call(n, window, softcap, slopes, sinks)}
-        # forward check against float32 on sampled heads (the last 1024 queries at long N)
-        rows_q = slice(max(0, n - 1024), n)
-        o_ref, _ = attention_ref(q[:1, :2, rows_q], k[:1, :2], v[:1, :2], causal=True, window_size=window, softcap=softcap,
-                                 alibi_slopes=None if slopes is None else slopes[:2], learnable_sink=None if sinks is None else sinks[:2])
-        err_fwd = {}
-        for prov, fn in providers.items():
-            with torch.no_grad(): o = fn(q, k, v)
-            err_fwd[prov] = ((o[:1, :2, rows_q].float() - o_ref).abs().max() / o_ref.abs().max().clamp_min(1)).item()
-        # backward cross-check: ours against FlexAttention's
-        grads = {}
-        for prov, fn in providers.items():
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            grads[prov] = torch.autograd.grad(fn(*leaves), leaves, do)
-        err_bwd = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(grads["triton_fa2"], grads["flex"]))
-        del grads
-        config = ";".join(sorted({c.label for key, c in triton_fa2.dispatch._PICKS.items()
-                                  if key not in seen and key[0] in ("prefill", "bwd_dkdv", "bwd_dq") and key[1] == D}))
-        pairs = visible_pairs(n, window)
-        fwd_flops = 4 * D * pairs * B * H
-        for op, flops in (("forward", fwd_flops), ("backward", 2.5 * fwd_flops)):
+        cases = [prepare(*c, q, k, v, do) for c in chosen]
+        plain_pairs = cases[0]["pairs"]
+        for op in ("forward", "backward"):
             qg, kg, vg = (t.clone().requires_grad_(op == "backward") for t in (q, k, v))
-            steps = {prov: timed(fn, op, qg, kg, vg, do) for prov, fn in providers.items()}
+            steps = {(c["name"], prov): timed(fn, op, qg, kg, vg, do) for c in cases for prov, fn in c["providers"].items()}
             for step in steps.values(): step(); step()
-            samples = {prov: [] for prov in steps}
-            for _ in range(3):                                    # interleaved
-                for prov, step in steps.items(): samples[prov].append(triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"))
-            for prov in steps:
-                ms = statistics.median(samples[prov])
-                if name == "plain": plain_ms[(n, op, prov)], plain_pairs[n] = ms, pairs
-                base = plain_ms.get((n, op, prov))
-                rows.append(dict(case=name, op=op, provider=prov, batch=B, heads=H, seqlen=n, head_dim=D, dtype="bf16",
-                                 window=f"{window[0]}:{window[1]}", softcap=softcap, alibi=alibi, sink=sink, ms=f"{ms:.4f}",
-                                 tflops=f"{flops / ms / 1e9:.1f}", vs_plain=f"{ms / base:.3f}" if base else "",
-                                 pairs_vs_plain=f"{pairs / plain_pairs[n]:.4f}" if n in plain_pairs else "",
-                                 err=f"{err_fwd[prov]:.2e}" if op == "forward" else f"{err_bwd:.2e}",
-                                 config=config if prov == "triton_fa2" else "defaults",
-                                 note="sink as an extra key; no sink gradient" if prov == "flex" and sink else "", **meta))
-                print({c: rows[-1][c] for c in ("case", "op", "provider", "seqlen", "ms", "tflops", "vs_plain", "err")}, flush=True)
+            samples = {key: [] for key in steps}
+            for _ in range(args.rounds):                          # every case and provider in turn, each round
+                for key, step in steps.items(): samples[key].append(triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"))
+            for c in cases:
+                fwd_flops = 4 * D * c["pairs"] * B * H
+                flops = fwd_flops if op == "forward" else 2.5 * fwd_flops
+                for prov in c["providers"]:
+                    ms = statistics.median(samples[(c["name"], prov)])
+                    # against plain causal timed next to it in the same round (the clock drifts under the power cap)
+                    vs = statistics.median(a / b for a, b in zip(samples[(c["name"], prov)], samples[("plain", prov)]))
+                    rows.append(dict(case=c["name"], op=op, provider=prov, batch=B, heads=H, seqlen=n, head_dim=D, dtype="bf16",
+                                     window=f"{c['window'][0]}:{c['window'][1]}", softcap=c["softcap"], alibi=c["alibi"],
+                                     sink=c["sink"], ms=f"{ms:.4f}", tflops=f"{flops / ms / 1e9:.1f}", vs_plain=f"{vs:.3f}",
+                                     pairs_vs_plain=f"{c['pairs'] / plain_pairs:.4f}",
+                                     err=f"{c['err_fwd'][prov]:.2e}" if op == "forward" else f"{c['err_bwd']:.2e}",
+                                     config=c["config"] if prov == "triton_fa2" else "defaults",
+                                     note="sink as an extra key; no sink gradient" if prov == "flex" and c["sink"] else "", **meta))
+                    print({col: rows[-1][col] for col in ("case", "op", "provider", "seqlen", "ms", "tflops", "vs_plain", "err")}, flush=True)
             del steps
             torch.cuda.empty_cache()
-        write(rows, args.out)                                     # after every case: a later failure keeps these
+        write(rows, args.out)                                     # after every length: a later failure keeps these
 
 
 def write(rows:list, path:str):
