@@ -25,6 +25,7 @@ from triton_fa2.dispatch import _attention_forward
 from triton_fa2.interface import attention, flash_attn_func, warmup
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device, interpreting
+from sampling import pairwise
 
 DEVICE = default_device()
 # dtype → (max |o − o_ref|, ‖o − o_ref‖ / ‖o_ref‖) against float64 at unit-variance inputs: a few ulps of the output
@@ -84,9 +85,8 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("causal", [False, True])
+# Every shape in both dtypes and with and without the mask, every dtype with and without it: all pairs (tests/sampling.py)
+@pairwise(("B, Hq, Hkv, Lq, Lk, D", SHAPES), ("dtype", DTYPES), ("causal", [False, True]))
 def test_matches_reference(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
     q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
     check(q, k, v, causal)
@@ -135,14 +135,12 @@ def test_fp16_scores_beyond_fp16_range():
         check(q, q, randn(1, 2, 50, 64), causal)
 
 
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", [
+@pairwise(("B, Hq, Hkv, Lq, Lk, D", [
     (2, 3, 3, 17, 17, 64),      # 17 keys: the one-key last tile online, the first fixed; causal: all online (row 0 sees one key)
     (1, 2, 2, 255, 255, 128),   # ragged: many fixed tiles before the masked, online ones
     (1, 2, 2, 100, 37, 64),     # Lq > Lk: rows that see no key at all
     (1, 8, 2, 33, 65, 64),      # GQA 4:1, odd lengths
-])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("causal", [False, True])
+]), ("dtype", DTYPES), ("causal", [False, True]))
 def test_online_softmax_without_the_fixed_maximum(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
     """`fixed_max=False`: the running maximum on every tile (the kernel's fallback, and what 03 derives) matches
     float64 too, and the default (each row's maximum fixed by the masked run) agrees with it to rounding."""

@@ -164,6 +164,7 @@ def test_empty_sequences(Lq, Lk):
     for g in (q.grad, k.grad, v.grad): assert g is not None and (g == 0).all()
 
 
+@pytest.mark.newest_triton_only   # PyTorch's operator checks: the kernels they run are this file's other tests' (.ci/run)
 def test_opcheck_including_autograd():
     "`torch.library.opcheck`: schema, fakes against real outputs, autograd registration and AOT dispatch."
     q, k, v = (randn(1, 2, 20, 32).requires_grad_() for _ in range(3))
@@ -175,6 +176,7 @@ def test_opcheck_including_autograd():
     torch.library.opcheck(ops._attention_backward_op, (do, q.detach(), k.detach(), v.detach(), o, lse, None, True, 0.2))
 
 
+@pytest.mark.newest_triton_only   # PyTorch's operator checks: the kernels they run are this file's other tests' (.ci/run)
 def test_torch_compile_fullgraph_traces_forward_and_backward():
     "A training step compiled with fullgraph=True: no graph break, the eager gradients."
     def step(q, k, v, w):

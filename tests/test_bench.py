@@ -24,14 +24,20 @@ def bench_cli(*args, **kwargs):
     return subprocess.run([sys.executable, "-m", "triton_fa2.bench", *args], capture_output=True, text=True, timeout=600, **kwargs)
 
 
+# Tests marked newest_triton_only check the harness's tables, options and printing, the same on every Triton: .ci/run
+# runs them on the newest only (the reference checks of the providers run on every release it tests).
+
+
 HEADER = ("provider,op,batch,heads_q,heads_kv,seqlen_q,seqlen_k,head_dim,dtype,causal,ms,tflops,tbps,gpu,torch,triton,"
           "commit,date")
 
 
+@pytest.mark.newest_triton_only
 def test_header_is_the_agreed_one():
     assert ",".join(COLUMNS) == HEADER
 
 
+@pytest.mark.newest_triton_only
 def test_workload_sets_and_filters():
     assert len(select_workloads("prefill")) == 96                        # 3 B × 4 N × 2 D × causal × dtype
     assert select_workloads("quick")[0] == MONEY_SHOT
@@ -50,6 +56,7 @@ def test_workload_sets_and_filters():
     assert all(not w.causal for w in select_workloads("cpu:causal=no")) and select_workloads("cpu:causal=no")
 
 
+@pytest.mark.newest_triton_only
 def test_causal_flops_count_half_and_bytes():
     full = Workload("prefill", 2, 4, 4, 64, 64, 32, "fp16", False)
     causal = Workload("prefill", 2, 4, 4, 64, 64, 32, "fp16", True)
@@ -105,6 +112,7 @@ def test_sdpa_is_not_given_a_mask_it_cannot_express():
     assert "top-left" in row["skip_reason"]
 
 
+@pytest.mark.newest_triton_only
 def test_backward_workloads_and_their_flops():
     "The backward set: 7 shapes, each as backward (2.5× the forward's FLOPs, 2× its bytes) and fwd_bwd (3.5×, 3×)."
     shapes = [(8, 32, 32, 2048, 128, True, "bf16"), (8, 32, 32, 2048, 128, True, "fp16"), (8, 32, 32, 2048, 128, False, "bf16"),
@@ -185,14 +193,23 @@ def test_csv_merge_and_reading(tmp_path):
     assert money_shot_table(df).empty                                                   # no money shot measured here
 
 
-def test_cli_without_a_gpu_checks_and_writes_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def quick_cpu_run(tmp_path_factory):
+    "`--quick --no-progress` without a GPU, run once for the two tests that read it (ONE_WORKER in tests/conftest.py: on one worker): (its cwd, the run)."
+    cwd = tmp_path_factory.mktemp("quick")
+    return cwd, bench_cli("--quick", "--no-progress", cwd=cwd)
+
+
+@pytest.mark.newest_triton_only
+def test_cli_without_a_gpu_checks_and_writes_nothing(request):
     if torch.cuda.is_available(): pytest.skip("the CPU mode is what this tests")
-    run = bench_cli("--quick", "--no-progress", cwd=tmp_path)
+    cwd, run = request.getfixturevalue("quick_cpu_run")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "timing needs a GPU" in run.stdout and "triton_fa2" in run.stdout
-    assert not (tmp_path / "results").exists(), "a CPU run must not write results/raw.csv"
+    assert not (cwd / "results").exists(), "a CPU run must not write results/raw.csv"
 
 
+@pytest.mark.newest_triton_only
 def test_cli_without_a_gpu_writes_the_csv_it_is_given_and_resumes(tmp_path):
     if torch.cuda.is_available(): pytest.skip("the CPU mode is what this tests")
     out = tmp_path / "cpu.csv"
@@ -208,10 +225,11 @@ def test_cli_without_a_gpu_writes_the_csv_it_is_given_and_resumes(tmp_path):
 ROW = re.compile(r"(\S+) +(.+?) +(\d\.\d\de[-+]\d\d|-) +(\d\.\de[-+]\d\d|-)  (ok|FAIL|-) +(.+)")  # provider, workload, err, tol, check, time
 
 
-def test_quick_table_says_what_err_is_and_gives_a_verdict():
+@pytest.mark.newest_triton_only
+def test_quick_table_says_what_err_is_and_gives_a_verdict(request):
     "--quick: a line defining err, the tolerance and ok/FAIL on every checked row, and a closing line that counts them."
     if torch.cuda.is_available(): pytest.skip("the CPU run is what this reads (a GPU run times the quick set for minutes)")
-    run = bench_cli("--quick", "--no-progress")
+    _, run = request.getfixturevalue("quick_cpu_run")
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.splitlines()
     assert any(l.startswith("err: max |o − o_ref| / max(1, max |o_ref|)") and "against attention_ref in float32" in l and
@@ -253,21 +271,27 @@ def test_a_failed_check_is_fail_and_exit_status_1(monkeypatch, capsys):
     (["--hero", "--quick"], "--hero measures nothing, so --quick, --shapes, --providers, --fresh and --resume do not go with it: "
                             "drop them or --hero"),
 ])
-def test_bad_options_are_usage_errors_on_every_machine(args, message):
-    "Refused before anything runs, with or without a GPU (without one only the cpu set runs, yet a bad --shapes is refused): exit 2."
-    run = bench_cli(*args)
-    assert run.returncode == 2, run.stdout + run.stderr[-2000:]
-    assert run.stderr.splitlines()[-1] == f"python -m triton_fa2.bench: error: {message}"
-    assert "Traceback" not in run.stderr and run.stdout == ""
+@pytest.mark.newest_triton_only
+def test_bad_options_are_usage_errors_on_every_machine(args, message, capsys):
+    """Refused before anything runs, with or without a GPU (without one only the cpu set runs, yet a bad --shapes is refused): exit 2.
+    In this process (`main` is what `python -m triton_fa2.bench` runs; the next test runs a usage error through the command)."""
+    with pytest.raises(SystemExit) as exit_: bench.main(args)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2, out + err[-2000:]
+    assert err.splitlines()[-1] == f"python -m triton_fa2.bench: error: {message}"
+    assert "Traceback" not in err and out == ""
 
 
+@pytest.mark.newest_triton_only
 def test_a_csv_option_without_a_csv_is_a_usage_error():
     if torch.cuda.is_available(): pytest.skip("on a GPU the CSV defaults to results/raw.csv")
     run = bench_cli("--resume", "--providers", "naive")
     assert run.returncode == 2 and run.stderr.splitlines()[-1] == ("python -m triton_fa2.bench: error: --resume needs a CSV to act "
                                                                    "on: without a GPU there is no default one, so name it with --out")
+    assert "Traceback" not in run.stderr and run.stdout == ""
 
 
+@pytest.mark.newest_triton_only
 def test_version_and_the_usage_line():
     run = bench_cli("--version")
     assert run.returncode == 0 and run.stdout.strip() == f"triton_fa2 {triton_fa2.__version__} · torch {torch.__version__} · triton {triton.__version__}"
@@ -275,6 +299,7 @@ def test_version_and_the_usage_line():
     assert run.returncode == 0 and run.stdout.startswith("usage: python -m triton_fa2.bench [-h]") and "bench.py" not in run.stdout
 
 
+@pytest.mark.newest_triton_only
 def test_no_progress_hides_the_progress_bar():
     "The help says what --no-progress does, and it does it: the bar (on stderr) is there without it and gone with it."
     help_text = " ".join(bench_cli("--help").stdout.split())

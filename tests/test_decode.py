@@ -21,6 +21,7 @@ from triton_fa2.interface import attention, decode
 from triton_fa2.split_kv import _choose_num_splits, merge_attention_states, num_splits_heuristic
 from triton_fa2.naive import attention_ref
 from test_attention import DEVICE, DTYPES, LSE_TOL, TOL, errors, randn
+from sampling import pairwise
 
 
 def nan_cache(B, Hkv, Lmax, D, seqlens, dtype=torch.float16):
@@ -55,9 +56,8 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, lens", DECODE_CASES)
-@pytest.mark.parametrize("num_splits", [1, 3, 7, None])
-@pytest.mark.parametrize("dtype", DTYPES)
+# Every case with every split count, each in both dtypes, each split count in both dtypes: all pairs (tests/sampling.py)
+@pairwise(("B, Hq, Hkv, Lq, lens", DECODE_CASES), ("num_splits", [1, 3, 7, None]), ("dtype", DTYPES))
 def test_decode_matches_reference(B, Hq, Hkv, Lq, lens, num_splits, dtype):
     seqlens = torch.tensor(lens, dtype=torch.int32)
     q = randn(B, Hq, Lq, 64, dtype=dtype)

@@ -14,8 +14,9 @@ def page_of(nb):
     return re.sub(r"^\d+_", "", nb.stem) + ".html"  # nbdev's page name: 00_naive -> naive.html
 
 
-# One worker renders the docs once for all of this module's tests (pyproject's `--dist loadgroup`), not one render a worker
-pytestmark = pytest.mark.xdist_group("rendered docs")
+# One worker renders the docs once for all of this module's tests (ONE_WORKER in tests/conftest.py), not one render a worker;
+# the docs run no kernel: not rendered again on another Triton (.ci/run)
+pytestmark = pytest.mark.newest_triton_only
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from triton_fa2.backward import attention_backward_ref
 from triton_fa2.dispatch import _attention_backward, _attention_forward, _decode_forward, _varlen_backward, _varlen_forward
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device
+from sampling import pairwise
 
 device = default_device()
 DTYPES = [torch.float16, torch.bfloat16]
@@ -149,9 +150,9 @@ def paged_with_garbage(dense, lengths, page_size, spare=2, seed=0):
     return pool, table
 
 
-@pytest.mark.parametrize("page_size", [7, 16], ids=["page7", "page16"])
-@pytest.mark.parametrize("num_splits", [2, 6], ids=["2-splits", "6-splits"])
-@pytest.mark.parametrize("Lq,Lnew", [(1, 0), (3, 2)], ids=["decode", "append-then-attend"])
+# each page size with each split count and each call, each split count with each call: all pairs (tests/sampling.py)
+@pairwise(("page_size", [7, 16], ["page7", "page16"]), ("num_splits", [2, 6], ["2-splits", "6-splits"]),
+          ("Lq,Lnew", [(1, 0), (3, 2)], ["decode", "append-then-attend"]))
 def test_split_keys_over_a_paged_ragged_cache(page_size, num_splits, Lq, Lnew):
     """Split-KV with paging with per-row lengths: NaN past each row's length (in its last page and in the pages its
     table names after it) must not reach any split's P·V, and splits that hold no key (a row of 0 or 1 keys over 6

@@ -10,6 +10,7 @@ from triton_fa2.forward import _should_pack_gqa
 from triton_fa2.interface import attention
 from triton_fa2.naive import attention_ref
 from test_attention import DTYPES, LSE_TOL, TOL, errors, randn
+from sampling import pairwise
 
 
 def run(q, k, v, causal, pack):
@@ -32,9 +33,8 @@ GQA_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", GQA_SHAPES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("causal", [False, True])
+# every shape in both dtypes and with and without the mask, every dtype with and without it (tests/sampling.py)
+@pairwise(("B, Hq, Hkv, Lq, Lk, D", GQA_SHAPES), ("dtype", DTYPES), ("causal", [False, True]))
 def test_packed_and_unpacked_rows_match_reference(B, Hq, Hkv, Lq, Lk, D, dtype, causal):
     q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
     o_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=torch.float64)

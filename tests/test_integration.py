@@ -16,6 +16,10 @@ from test_attention import DEVICE, randn
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install 'triton_fa2[hf]'")
 import triton_fa2.hf as hf  # noqa: E402
 
+# Tests marked newest_triton_only reach the kernels through PyTorch's or transformers' machinery (opcheck, torch.compile,
+# models): .ci/run runs them on the newest Triton only; on Triton 3.6 the kernel tests run the same kernels through the
+# same entry points, and test_opcheck and test_tiny_llama_matches_sdpa_and_generates_the_same_tokens run there too.
+
 
 @pytest.mark.parametrize("op, args", [
     (_attention_op, lambda: (randn(2, 4, 20, 32), randn(2, 2, 30, 32), randn(2, 2, 30, 32), True, 0.2, False)),        # SDPA layout, GQA
@@ -41,6 +45,7 @@ def test_public_functions_go_through_the_operators():
     assert names.count("triton_fa2::attention") >= 2 and names.count("triton_fa2::decode") >= 1, set(names)
 
 
+@pytest.mark.newest_triton_only
 def test_compile_fullgraph_without_breaks():
     def block(q, k, v):
         return triton_fa2.attention(q, k, v, causal=True) * 2 + triton_fa2.decode(q[:, :, -1:], k, v)
@@ -75,6 +80,7 @@ def test_tiny_llama_matches_sdpa_and_generates_the_same_tokens(monkeypatch):
     assert torch.equal(gen, gen_ref)
 
 
+@pytest.mark.newest_triton_only
 def test_padding_and_refusals():
     hf.register()
     model = tiny_llama()
@@ -103,6 +109,7 @@ def test_padding_and_refusals():
     assert (out[:, 3:] == 0).all()                                          # padded queries: zeros, as flash-attn's path gives
 
 
+@pytest.mark.newest_triton_only
 def test_float32_model_is_told_how_to_load():
     "transformers builds a model from a config in float32: the error says to load it in bf16 or fp16, not which q/k/v dtypes."
     hf.register()
@@ -121,6 +128,7 @@ def test_float32_model_is_told_how_to_load():
         hf.attention_forward(model.model.layers[0].self_attn, q, k, k)
 
 
+@pytest.mark.newest_triton_only
 def test_compiled_model_with_masks_and_a_cache():
     "fullgraph compile of the whole model: no mask, right padding, a mask with a KV cache (greedy generation), and the checks."
     hf.register()
@@ -142,6 +150,7 @@ def test_compiled_model_with_masks_and_a_cache():
         assert (step.logits[:, -1].float() - full.float()).abs().max() < 2e-2
 
 
+@pytest.mark.newest_triton_only
 def test_padding_mask_function():
     "None when nothing is padded (eager), the sliced 2-D mask otherwise."
     m = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
@@ -150,6 +159,7 @@ def test_padding_mask_function():
     assert torch.equal(hf.padding_mask(2, 1, 3, attention_mask=m), m[:, -3:])
 
 
+@pytest.mark.newest_triton_only
 def test_register_without_transformers_names_the_extra():
     code = ("import sys; sys.modules['transformers'] = None\n"
             "import triton_fa2, triton_fa2.hf\n"
@@ -191,18 +201,21 @@ def check_training_matches_sdpa(config_kwargs, **kwargs):
     return ours, sdpa
 
 
+@pytest.mark.newest_triton_only
 def test_tiny_llama_trains_like_sdpa():
     "Training mode, dropout 0: a few SGD steps give sdpa's losses, and the attention weights' gradients agree in bf16."
     check_training_matches_sdpa(dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2), seq=40)
 
 
+@pytest.mark.newest_triton_only
 def test_tiny_llama_trains_like_sdpa_on_a_padded_batch():
     "A left-padded batch in training: packed sequences forward and backward, sdpa's losses and gradients."
     check_training_matches_sdpa(dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2), seq=40, left_pad=13)
 
 
+@pytest.mark.newest_triton_only
 def test_a_left_padded_batch_generates_what_each_prompt_generates_alone():
     "Greedy generation of a left-padded batch (what generate builds for decoder models) with a KV cache: sdpa's tokens, and each prompt's alone."
     hf.register()
@@ -217,6 +230,7 @@ def test_a_left_padded_batch_generates_what_each_prompt_generates_alone():
     assert torch.equal(ours[1], alone[0]), (ours, alone)
 
 
+@pytest.mark.newest_triton_only
 def test_a_right_padded_batch_then_tokens_after_the_padding():
     """Right padding with a KV cache: after a prefill, new tokens come after the padding, so the cache's mask has holes.
     The new tokens' logits are sdpa's; greedy generation runs (its first token, read at a padded position, is
@@ -237,6 +251,7 @@ def test_a_right_padded_batch_then_tokens_after_the_padding():
         model.generate(prompts, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
 
 
+@pytest.mark.newest_triton_only
 def test_attention_dropout_is_refused_in_training():
     hf.register()
     torch.manual_seed(0)
@@ -288,6 +303,7 @@ def _tiny(name, **extra):
     return getattr(transformers, name + "ForCausalLM")(config).to(device=DEVICE, dtype=torch.float16).eval()
 
 
+@pytest.mark.newest_triton_only
 @pytest.mark.parametrize("name, extra, passed", [
     ("Mistral", dict(sliding_window=7), {"sliding_window"}),                              # every layer windowed
     ("Gemma2", dict(sliding_window=6, attn_logit_softcapping=20.0, final_logit_softcapping=None,

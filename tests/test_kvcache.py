@@ -7,6 +7,7 @@ import triton_fa2
 from triton_fa2 import flash_attn_with_kvcache, split_kv
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device
+from sampling import pairwise
 
 device = default_device()
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -36,9 +37,10 @@ def paged(dense, lengths, page_size, spare=3, seed=0):
     return pool, table
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("page_size", [0, 1, 4, 7, 16], ids=["contiguous", "page1", "page4", "page7", "page16"])
-@pytest.mark.parametrize("Lq,Lnew,causal", [(1, 1, True), (3, 3, True), (2, 0, False), (4, 2, True)])
+# every call on every cache layout and in both dtypes, every layout in both dtypes: all pairs (tests/sampling.py)
+@pairwise(("Lq,Lnew,causal", [(1, 1, True), (3, 3, True), (2, 0, False), (4, 2, True)]),
+          ("page_size", [0, 1, 4, 7, 16], ["contiguous", "page1", "page4", "page7", "page16"]),
+          ("dtype", [torch.float16, torch.bfloat16], ["fp16", "bf16"]))
 def test_append_then_attend(Lq, Lnew, causal, page_size, dtype):
     "Lnew new tokens appended at cache_seqlens, then Lq queries (the last tokens) attend: GQA 2:1, ragged lengths, NaN past them."
     B, Hq, Hkv, D, Lmax = 3, 4, 2, 32, 40

@@ -4,6 +4,8 @@ import torch
 
 from triton_fa2.online_softmax import merge_softmax_states, online_softmax, online_softmax_update
 
+pytestmark = pytest.mark.newest_triton_only   # PyTorch only, no Triton kernel: not run again on another Triton (.ci/run)
+
 inf = float("inf")
 
 # dtype → (atol, rtol) for probabilities in [0, 1] against float64. The computation is float32 (float64 for float64),

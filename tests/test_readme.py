@@ -2,7 +2,10 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.newest_triton_only   # text only: not run again on another Triton (.ci/run)
 
 
 def test_readme_gives_the_commands_ci_runs():

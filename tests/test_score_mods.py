@@ -15,6 +15,7 @@ from triton_fa2.candidates import Candidate
 from triton_fa2.dispatch import _attention_forward
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device
+from sampling import pairwise
 
 DEVICE = default_device()
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}    # max |o − o_ref| / max(1, max |o_ref|) against float64
@@ -53,31 +54,29 @@ SHAPES = [(2, 4, 2, 37, 53, 32), (1, 2, 1, 64, 20, 16), (1, 3, 3, 50, 50, 24)]
 WINDOWS = [(-1, -1), (5, 3), (0, 0), (17, -1), (-1, 2), (40, 40)]
 
 
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("window", WINDOWS)
+# Sweeps below: every window or modifier on every shape and with and without the mask, every shape with and without
+# it: all pairs (tests/sampling.py)
+@pairwise(("B, Hq, Hkv, Lq, Lk, D", SHAPES), ("causal", [False, True]), ("window", WINDOWS))
 def test_window(B, Hq, Hkv, Lq, Lk, D, causal, window):
     q, k, v = randn(B, Hq, Lq, D), randn(B, Hkv, Lk, D), randn(B, Hkv, Lk, D)
     check(q, k, v, causal, mods_for(Hq, B, window))
 
 
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("softcap, alibi, sink", [(3.0, None, False), (0.0, "per head", False), (0.0, "per batch row", False),
-                                                  (0.0, None, True), (5.0, "per batch row", True)])
+@pairwise(("B, Hq, Hkv, Lq, Lk, D", SHAPES), ("causal", [False, True]),
+          ("softcap, alibi, sink", [(3.0, None, False), (0.0, "per head", False), (0.0, "per batch row", False),
+                                    (0.0, None, True), (5.0, "per batch row", True)]))
 def test_modifiers(B, Hq, Hkv, Lq, Lk, D, causal, softcap, alibi, sink):
     q, k, v = randn(B, Hq, Lq, D), randn(B, Hkv, Lk, D), randn(B, Hkv, Lk, D)
     check(q, k, v, causal, mods_for(Hq, B, (-1, -1), softcap, alibi, sink))
 
 
-@pytest.mark.parametrize("pack_gqa, use_tma", [(True, False), (False, True), (False, False)])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_all_together_every_path(pack_gqa, use_tma, dtype):
-    "Window, softcap, ALiBi and sinks at once, through packed GQA rows, descriptors and pointers, both dtypes."
+@pairwise(("pack_gqa, use_tma", [(True, False), (False, True), (False, False)], ["packed", "descriptors", "pointers"]),
+          ("dtype", [torch.float16, torch.bfloat16]), ("causal", [False, True]))
+def test_all_together_every_path(pack_gqa, use_tma, dtype, causal):
+    "Window, softcap, ALiBi and sinks at once, through packed GQA rows, descriptors and pointers, both dtypes, with and without the mask."
     B, Hq, Hkv, Lq, Lk, D = 2, 8, 2, 45, 70, 32
     q, k, v = randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype)
-    for causal in (False, True):
-        check(q, k, v, causal, mods_for(Hq, B, (9, 4), 4.0, "per batch row", True), pack_gqa=pack_gqa, use_tma=use_tma)
+    check(q, k, v, causal, mods_for(Hq, B, (9, 4), 4.0, "per batch row", True), pack_gqa=pack_gqa, use_tma=use_tma)
 
 
 def test_rows_that_see_no_key():
@@ -174,9 +173,8 @@ GRAD_MODS = [dict(window=(5, 3)), dict(window=(17, -1)), dict(softcap=3.0), dict
              dict(window=(9, 4), softcap=4.0, alibi="per head", sink=True)]
 
 
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mods", GRAD_MODS, ids=lambda m: "+".join(m))
+@pairwise(("B, Hq, Hkv, Lq, Lk, D", SHAPES), ("causal", [False, True]), ("mods", GRAD_MODS, [
+    "+".join(k if v is True else f"{k}={v}" for k, v in m.items()).replace(" ", "") for m in GRAD_MODS]))
 def test_gradients(B, Hq, Hkv, Lq, Lk, D, causal, mods):
     "dq, dk, dv and the sinks' gradient through autograd, each modifier alone and all four, against float64."
     q, k, v = randn(B, Hq, Lq, D), randn(B, Hkv, Lk, D), randn(B, Hkv, Lk, D)
@@ -232,6 +230,7 @@ def test_backward_skips_tiles_outside_the_window():
         assert ((g[:, :, :m].double() - r[:, :, :m]).norm() / r[:, :, :m].norm()).item() < 2e-3, name
 
 
+@pytest.mark.newest_triton_only   # PyTorch's operator checks: the kernels they run are this file's other tests' (.ci/run)
 def test_opcheck_with_modifiers():
     "`torch.library.opcheck` of the forward (its autograd included) and of the backward operator with every modifier."
     from triton_fa2 import ops

@@ -16,6 +16,7 @@ from triton_fa2.interface import warmup
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import interpreting
 from test_attention import LSE_TOL, TOL, errors, randn
+from sampling import pairwise
 
 
 def check_path(q, k, v, causal, use_tma, config=None, scale=None):
@@ -43,10 +44,10 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("use_tma", [True, False], ids=["descriptors", "pointers"])
-@pytest.mark.parametrize("B, Hq, Hkv, Lq, Lk, D", SHAPES)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+# each tile source on every shape, with and without the mask and in both dtypes; every shape with and without the mask
+# and in both dtypes; each dtype with and without the mask: all pairs (tests/sampling.py)
+@pairwise(("use_tma", [True, False], ["descriptors", "pointers"]), ("B, Hq, Hkv, Lq, Lk, D", SHAPES), ("causal", [False, True]),
+          ("dtype", [torch.float16, torch.bfloat16]))
 def test_both_tile_sources_match_reference(use_tma, B, Hq, Hkv, Lq, Lk, D, causal, dtype):
     check_path(randn(B, Hq, Lq, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype), randn(B, Hkv, Lk, D, dtype=dtype),
                causal, use_tma)

@@ -8,9 +8,13 @@ from triton_fa2 import candidates, dispatch, split_kv, tuning
 from triton_fa2.candidates import _backward_smem_bytes, _smem_bytes
 from triton_fa2.tuning import GPU_FAMILIES, rule_config, rules
 
+# Tests marked newest_triton_only check tables, rules and the tuning cache, no kernel: .ci/run runs them on the newest
+# Triton only (test_threads_on_new_shapes, which runs kernels from many threads, runs on every release it tests).
+
 HEAD_DIMS = range(8, 257, 8)
 
 
+@pytest.mark.newest_triton_only
 @pytest.mark.parametrize("capability", sorted(GPU_FAMILIES), ids=lambda c: f"sm_{c[0]}{c[1]}")
 def test_every_call_has_a_config_that_fits(capability, monkeypatch):
     """Every candidate any call could be given (the rule's, the first, or a tuned one) fits the family's shared memory: for
@@ -41,6 +45,7 @@ def test_every_call_has_a_config_that_fits(capability, monkeypatch):
             assert found and all(_smem_bytes(block_m, c.BLOCK_N, block_d, c.num_stages) <= smem for c in found), (name, D, rows, found)
 
 
+@pytest.mark.newest_triton_only
 def test_rules_name_candidates_of_their_kernel():
     "Each H200 rule names a candidate its kernel offers at that head dim through descriptors (the path the benchmark measured)."
     found = rules((9, 0))
@@ -56,6 +61,7 @@ def test_rules_name_candidates_of_their_kernel():
         assert r["config"] in [c.label for c in offered], r
 
 
+@pytest.mark.newest_triton_only
 def test_decode_rules_stand_for_both_masks_and_every_measured_length():
     """One query sees the same keys with the mask or without: each decode rule is written for both, and a call between
     two measured lengths takes the nearer one's config."""
@@ -104,6 +110,7 @@ def test_gpu_decode_first_call_runs_the_rule(monkeypatch):
 
 
 
+@pytest.mark.newest_triton_only
 @pytest.mark.parametrize("mods", ["window", "softcap", "alibi"])
 def test_rules_keep_their_kernel_under_score_modifiers(mods, monkeypatch):
     """Where a call's modifiers rule out the candidate a rule names (the ws kernel takes no ALiBi; the 64×128
@@ -151,6 +158,7 @@ CHOOSE = """
 """
 
 
+@pytest.mark.newest_triton_only
 def test_a_tuned_pick_serves_later_processes(tmp_path, monkeypatch):
     "Process 1 uses the rule; process 2 tunes and saves; process 3 reads the pick untimed; with the cache off, the rule again."
     run = lambda mode, **env: json.loads(_run(CHOOSE.replace("sys.argv[1]", repr(mode)), str(tmp_path), **env))
@@ -179,6 +187,7 @@ WRITER = """
 """
 
 
+@pytest.mark.newest_triton_only
 def test_two_processes_writing_one_entry_at_once(tmp_path):
     "Two processes save and read the same entry 200 times each, at once: every read sees one whole entry, never a torn one."
     env = dict(os.environ, TRITON_FA2_CACHE_DIR=str(tmp_path))
@@ -192,6 +201,7 @@ def test_two_processes_writing_one_entry_at_once(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+@pytest.mark.newest_triton_only
 def test_a_change_to_any_module_moves_the_cache_to_a_new_directory(tmp_path, monkeypatch):
     """Saved picks live under a hash of the package's source: changing any module (a kernel of packed sequences, a score
     modifier, the launch code) names a new directory, so no pick measured on other kernels is read."""
@@ -211,6 +221,7 @@ def test_a_change_to_any_module_moves_the_cache_to_a_new_directory(tmp_path, mon
     finally: tuning._source_hash.cache_clear()
 
 
+@pytest.mark.newest_triton_only
 def test_an_unwritable_cache_warns_once_and_tuning_still_serves(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -221,6 +232,7 @@ def test_an_unwritable_cache_warns_once_and_tuning_still_serves(tmp_path, monkey
     assert len([w for w in caught if "cannot write" in str(w.message)]) == 1
 
 
+@pytest.mark.newest_triton_only
 def test_tuning_is_logged_once(monkeypatch, caplog):
     "The first tuning of a process is a warning on the `triton_fa2` logger, naming the cache; later keys are debug lines."
     from triton_fa2.candidates import Candidate
@@ -263,6 +275,7 @@ def test_threads_on_new_shapes():
             assert (got.double() - ref).abs().max() <= 3e-3 * max(1.0, ref.abs().max().item())
 
 
+@pytest.mark.newest_triton_only
 def test_packaged_rules_are_what_the_benchmark_rows_give(tmp_path):
     "The sm_90 rules in the package are tools/make_rules.py's table of results/raw.csv as it stands: no rule outlives its rows."
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,6 +17,7 @@ from triton_fa2.runtime import interpreting
 from triton_fa2 import flash_attn_varlen_func
 from triton_fa2.naive import attention_ref
 from triton_fa2.runtime import default_device
+from sampling import pairwise
 
 device = default_device()
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -47,32 +48,37 @@ def _schedule_probe(CU_SEQLENS, OUT, num_slots, batch, group, BLOCK: tl.constexp
     tl.store(OUT + 3 * pid + 2, head)
 
 
-@pytest.mark.parametrize("lengths", [[5], [0], [300, 0, 0, 1, 64, 65, 127, 128, 129, 0], [1] * 37, [0, 0, 1000, 3, 0],
-                                     [2917, 100, 8000, 611, 1493, 4321, 257]])
-def test_the_block_list_holds_every_block_of_every_sequence_once(lengths):
+BATCHES = [[5], [0], [300, 0, 0, 1, 64, 65, 127, 128, 129, 0], [1] * 37, [0, 0, 1000, 3, 0], [2917, 100, 8000, 611, 1493, 4321, 257]]
+BATCH_BLOCKS = [(lengths, block) for lengths in BATCHES                 # the interpreter runs a program at a time:
+                for block in ((16, 64, 128) if sum(lengths) < 2000 else (128,))]   # the long batch in 128-row blocks only
+
+
+# every batch in every block size with every schedule and every kind of spare rows, every schedule with every kind of
+# spare rows: all pairs (tests/sampling.py)
+@pairwise(("lengths, block", BATCH_BLOCKS, [f"{len(l)}seqs-{sum(l)}rows-block{b}" for l, b in BATCH_BLOCKS]),
+          ("longest_first, heads, group", [(False, 3, 1), (True, 3, 1), (True, 4, 2)]),
+          ("lead_rows, spare_rows", [(0, 0), (0, 77), (300, 5)]))   # rows no sequence owns, before the first and after the last
+def test_the_block_list_holds_every_block_of_every_sequence_once(lengths, block, longest_first, heads, group, lead_rows, spare_rows):
     """The packed grid (`packed_slots` slots a head, `_packed_block`): every block of every sequence and head exactly once,
     at most one spare slot per sequence, the slots backwards for causal, a group's heads side by side on each slot, and
     spare rows before the first offset and past the last harmless."""
     batch = len(lengths)
-    for block in (16, 64, 128) if sum(lengths) < 2000 else (128,):    # the interpreter runs a program at a time
-        for longest_first, heads, group in ((False, 3, 1), (True, 3, 1), (True, 4, 2)):
-            for lead_rows, spare_rows in ((0, 0), (0, 77), (300, 5)):   # rows no sequence owns, before the first and after the last
-                cu = offsets(lengths) + lead_rows
-                slots = packed_slots(lead_rows + sum(lengths) + spare_rows, batch, block)
-                out = torch.full((slots * heads, 3), -7, dtype=torch.int32, device=device)
-                _schedule_probe[(slots * heads,)](cu, out, slots, batch, group, BLOCK=block, LONGEST_FIRST=longest_first)
-                seen, spare = [], 0
-                for z, b, h in out.cpu().tolist():
-                    assert 0 <= z < batch and 0 <= h < heads and b >= 0, (z, b, h)
-                    if b * block < lengths[z]: seen.append((z, b, h))
-                    else: spare += 1
-                want = [(z, b, h) for h in range(heads) for z, n in enumerate(lengths) for b in range(-(-n // block))]
-                assert sorted(seen) == sorted(want), (block, longest_first, lead_rows)
-                assert spare <= heads * (batch + (lead_rows + spare_rows) // block + 1), spare
-                first_group = out.cpu().tolist()[:slots * group]     # the first group's heads, a slot's side by side
-                assert [h for _, _, h in first_group] == list(range(group)) * slots, "a slot's heads side by side"
-                head0 = [(z, b) for z, b, h in first_group[::group] if b * block < lengths[z]]
-                assert head0 == sorted(head0, reverse=longest_first), "a head's slots in order, backwards for causal"
+    cu = offsets(lengths) + lead_rows
+    slots = packed_slots(lead_rows + sum(lengths) + spare_rows, batch, block)
+    out = torch.full((slots * heads, 3), -7, dtype=torch.int32, device=device)
+    _schedule_probe[(slots * heads,)](cu, out, slots, batch, group, BLOCK=block, LONGEST_FIRST=longest_first)
+    seen, spare = [], 0
+    for z, b, h in out.cpu().tolist():
+        assert 0 <= z < batch and 0 <= h < heads and b >= 0, (z, b, h)
+        if b * block < lengths[z]: seen.append((z, b, h))
+        else: spare += 1
+    want = [(z, b, h) for h in range(heads) for z, n in enumerate(lengths) for b in range(-(-n // block))]
+    assert sorted(seen) == sorted(want)
+    assert spare <= heads * (batch + (lead_rows + spare_rows) // block + 1), spare
+    first_group = out.cpu().tolist()[:slots * group]     # the first group's heads, a slot's side by side
+    assert [h for _, _, h in first_group] == list(range(group)) * slots, "a slot's heads side by side"
+    head0 = [(z, b) for z, b, h in first_group[::group] if b * block < lengths[z]]
+    assert head0 == sorted(head0, reverse=longest_first), "a head's slots in order, backwards for causal"
 
 
 def test_offsets_that_start_past_row_zero_touch_no_other_row():
@@ -155,14 +161,13 @@ def check(lengths_q, lengths_k, Hq, Hkv, D, dtype, causal, scale=None, strided=F
     if finite.any(): assert (lse.double()[finite] - lse_ref[finite]).abs().max() <= 1e-3
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("lengths_q,lengths_k", [
+# every batch in both dtypes and with and without the mask, every dtype with and without it (tests/sampling.py)
+@pairwise(("lengths_q,lengths_k", [
     ([37, 0, 1, 50, 9], [37, 5, 17, 50, 30]),        # an empty sequence, one query, chunked prefill (Lq < Lk)
     ([1, 1, 1], [70, 3, 1]),                         # one query per sequence: decode through varlen
     ([64], [64]),                                    # one sequence: the dense case
     ([20, 33], [0, 33]),                             # a sequence with no keys at all: zeros, never NaN
-])
+]), ("causal", [False, True], ["full", "causal"]), ("dtype", [torch.float16, torch.bfloat16], ["fp16", "bf16"]))
 def test_ragged_batches(lengths_q, lengths_k, causal, dtype):
     check(lengths_q, lengths_k, 4, 2, 40, dtype, causal)
 
@@ -263,13 +268,12 @@ def relative_error(got, ref):
     return ((got.double() - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item() if ref.numel() else 0.0
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("lengths_q,lengths_k,Hq,Hkv,D", [
+# every batch in both dtypes and with and without the mask, every dtype with and without it (tests/sampling.py)
+@pairwise(("lengths_q,lengths_k,Hq,Hkv,D", [
     ([37, 0, 1, 50, 9], [37, 5, 17, 50, 30], 4, 2, 40),   # an empty sequence (its keys: zero gradients), chunked prefill
     ([21, 64], [21, 64], 6, 2, 64),
     ([5, 18], [0, 18], 2, 1, 16),                          # no keys: dq = 0
-])
+]), ("causal", [False, True], ["full", "causal"]), ("dtype", [torch.float16, torch.bfloat16], ["fp16", "bf16"]))
 def test_gradients(lengths_q, lengths_k, Hq, Hkv, D, causal, dtype):
     cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
     q = torch.randn(sum(lengths_q), Hq, D, device=device, dtype=dtype, requires_grad=True)
@@ -367,6 +371,7 @@ def test_fresh_buffers_are_written_by_the_kernels_and_the_unowned_rows_fill(caus
     assert (leaves[0].grad[no_keys] == 0).all() and (out[no_keys] == 0).all()
 
 
+@pytest.mark.newest_triton_only   # PyTorch's operator checks: the kernels they run are this file's other tests' (.ci/run)
 def test_opcheck_and_torch_compile():
     "The operators pass `torch.library.opcheck` (autograd included); a compiled training step has no graph break."
     lengths = [7, 12]

@@ -9,6 +9,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 import ws_protocol_sim
 from ws_protocol_sim import run
 
+pytestmark = pytest.mark.newest_triton_only   # a Python simulation, no Triton: not run again on another Triton (.ci/run)
+
 
 @pytest.mark.parametrize("stages", [2, 3])        # the candidate's ring, and a deeper one
 @pytest.mark.parametrize("pingpong", [False, True])
