@@ -206,8 +206,8 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
 @gluon.jit
 def _epilogue(acc, l_i, m_i, ROWS_O: gl.constexpr):
     """The `tl` kernels' epilogue (`_normalize_rows`) on Gluon's layouts: the row statistics, kept in the scores' layout,
-    moved to the output's for the normalisation (`ROWS_O`), a reciprocal per row; O and the natural-log LSE, back in the scores' layout."""
-    o, lse = _normalize_rows(acc, gl.convert_layout(l_i, ROWS_O), gl.convert_layout(m_i, ROWS_O), RECIPROCAL=True)
+    moved to the output's for the division (`ROWS_O`); O and the natural-log LSE, back in the scores' layout."""
+    o, lse = _normalize_rows(acc, gl.convert_layout(l_i, ROWS_O), gl.convert_layout(m_i, ROWS_O))
     return o, gl.convert_layout(lse, l_i.type.layout)
 
 @gluon.jit
