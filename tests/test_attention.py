@@ -400,7 +400,9 @@ def check_sampled(q, k, v, causal, pairs=None, tol_sdpa=None):
     return o, worst
 
 
-SEED_MATRIX = [(B, N, D, causal, dtype) for B in (1, 8, 32) for N in (512, 2048, 8192, 16384) for D in (64, 128)
+# The largest cases hold about 20 GiB at once: alone (gpu_memory), as beside other workers they can run out of memory.
+SEED_MATRIX = [pytest.param(B, N, D, causal, dtype, marks=[pytest.mark.gpu_memory] if B * N * D >= 32 * 8192 * 128 else [])
+               for B in (1, 8, 32) for N in (512, 2048, 8192, 16384) for D in (64, 128)
                for causal in (False, True) for dtype in DTYPES]
 
 
@@ -413,7 +415,8 @@ def test_seed_matrix(B, N, D, causal, dtype):
     o, _ = check_sampled(q, k, v, causal)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         o_fa2 = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    assert (o.float() - o_fa2.float()).abs().max().item() <= (1e-2 if dtype == torch.float16 else 2e-2)
+    worst = max((o[b].float() - o_fa2[b].float()).abs().max().item() for b in range(B))   # one sequence at a time
+    assert worst <= (1e-2 if dtype == torch.float16 else 2e-2)
 
 
 @pytest.mark.gpu
