@@ -196,7 +196,7 @@ def render_html(proc, out, mathjax=None, nbs=None):
     nbs = Path(nbs or get_config().nbs_path)
     exporter = HTMLExporter(template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True)
     exporter.register_preprocessor(TagRemovePreprocessor(remove_input_tags={"remove_input"}), enabled=True)
-    exporter.register_filter("clean_html", lambda html: html)   # our own notebooks, no one else's HTML: bleach's sanitising took 40% of the render
+    exporter.register_filter("clean_html", lambda html: html)   # our own notebooks, no one else's HTML: bleach's sanitising took three quarters of the render time
     script = copy_mathjax(mathjax, out) if mathjax else MATHJAX_CDN
     entries = [(p, front_matter(read(p))[0] or p.stem) for p in pages(proc)]
     names = {page_name(p.name) for p, _ in entries}
