@@ -145,7 +145,7 @@ def test_gradients_pass_the_reference_check(provider, w):
     assert row["max_err"] and float(row["max_err"]) <= tolerance(w), row
     assert all(t.grad is None for t in inputs[:3])                     # autograd.grad returns them: nothing accumulates
     if not torch.cuda.is_available(): assert row["skip_reason"] == "timing needs a GPU" and row["ms"] == ""
-    if provider == "triton_fa2":                                          # the tuned configs, as tools/make_rules.py reads them
+    if provider == "triton_fa2":                                          # the tuned configs, as tools/rules.py make reads them
         passes = row["config"].split(" + ")
         assert [p.removeprefix("gluon ").split()[0] for p in passes[-2:]] == ["dkdv", "dq"] and len(passes) == {"backward": 2, "fwd_bwd": 3}[w.op], row
 

@@ -277,11 +277,11 @@ def test_threads_on_new_shapes():
 
 @pytest.mark.newest_triton_only
 def test_packaged_rules_are_what_the_benchmark_rows_give(tmp_path):
-    "The sm_90 rules in the package are tools/make_rules.py's table of results/raw.csv as it stands: no rule outlives its rows."
+    "The sm_90 rules in the package are `tools/rules.py make`'s table of results/raw.csv as it stands: no rule outlives its rows."
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "rules.json"
-    subprocess.run([sys.executable, os.path.join(root, "tools", "make_rules.py"), "--raw", os.path.join(root, "results", "raw.csv"),
+    subprocess.run([sys.executable, os.path.join(root, "tools", "rules.py"), "make", "--raw", os.path.join(root, "results", "raw.csv"),
                     "--out", str(out)], check=True, capture_output=True)
     packaged = json.loads(open(os.path.join(root, "triton_fa2", "rules_sm90.json")).read())
     made = json.loads(out.read_text())
-    assert made["rules"] == packaged["rules"] and made["commit"] == packaged["commit"], "run tools/make_rules.py after a sweep"
+    assert made["rules"] == packaged["rules"] and made["commit"] == packaged["commit"], "run tools/rules.py make after a sweep"

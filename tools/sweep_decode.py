@@ -1,5 +1,5 @@
 """Every decode candidate at decode shapes, contiguous and paged caches, to results/decode_configs.csv (the rows
-`tools/make_rules.py` turns into the first call's decode rules).
+`tools/rules.py make` turns into the first call's decode rules).
 
 One query per row, Hq/Hkv = 32/8, bf16, D 64, 128 and 256; (B, Lk) from one long sequence to 64 rows of 4096 keys; caches
 contiguous and paged (pages of 1, 16 and 256, at shuffled blocks); the split count the dispatcher's heuristic gives. Each

@@ -41,7 +41,7 @@ GPU_FAMILIES = {   # compute capability → (GPUs of the family, shared memory a
 
 @functools.lru_cache
 def rules(capability:tuple) -> tuple:
-    "The rules measured on a GPU of this compute capability, as `tools/make_rules.py` wrote them (none for most families)."
+    "The rules measured on a GPU of this compute capability, as `tools/rules.py make` wrote them (none for most families)."
     name = RULE_FILES.get(tuple(capability))
     if name is None: return ()
     return tuple(json.loads(importlib.resources.files("triton_fa2").joinpath(name).read_text())["rules"])
