@@ -217,11 +217,17 @@ def _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M: tl.constexpr, PACK_GQA: 
     return rows, group_heads, positions, first_pos, last_pos
 
 @triton.jit
-def _normalize_rows(acc, l_i, m_i):
-    "The epilogue: O = acc / l (0 where a row saw nothing), natural-log LSE = (m + log2 l) · ln 2 (−∞ there)."
+def _normalize_rows(acc, l_i, m_i, RECIPROCAL: tl.constexpr = False):
+    """The epilogue: O = acc / l (0 where a row saw nothing), natural-log LSE = (m + log2 l) · ln 2 (−∞ there).
+    RECIPROCAL: the division taken once per row and multiplied into its elements (within an ulp of dividing each), fewer
+    instructions where a block's epilogue is a noticeable share of its time (the Gluon kernels, 11); the `tl` kernels
+    divide, because on some of their tiles, already near the register limit, the other form tips ptxas into spilling."""
     seen_nothing = l_i == 0.0                           # causal rows before the first key, Lk = 0, an empty split
     l_safe = tl.where(seen_nothing, 1.0, l_i)
-    o = acc / l_safe[:, None]                           # FA2: the only division, once per row
+    if RECIPROCAL:
+        o = acc * (1.0 / l_safe)[:, None]
+    else:
+        o = acc / l_safe[:, None]                       # FA2: the only division, once per row
     # ln 2 as a literal: a global tl.constexpr would make Triton 3.6 hash every caller differently depending on
     # which kernel it hashed first, and a tuned kernel would compile again in each new process
     lse = tl.where(seen_nothing, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)

@@ -167,8 +167,10 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
             qk = gl.where(visible, qk, float("-inf"))
     elif start_n >= full_end:
         cols = start_n + offs_n
-        visible = cols[None, :] < seqlen_k
-        if CAUSAL: visible = visible & (cols[None, :] <= offs_m[:, None] + offset)
+        if CAUSAL:   # keys past Lk lie past every stored row's last key (i + offset < Lq + offset = Lk): one test, not two
+            visible = cols[None, :] <= offs_m[:, None] + offset
+        else:
+            visible = cols[None, :] < seqlen_k
         qk = gl.where(visible, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)        # a row that saw nothing: 2^(−∞−0) = 0, not NaN
@@ -206,8 +208,8 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
 @gluon.jit
 def _epilogue(acc, l_i, m_i, ROWS_O: gl.constexpr):
     """The `tl` kernels' epilogue (`_normalize_rows`) on Gluon's layouts: the row statistics, kept in the scores' layout,
-    moved to the output's for the division (`ROWS_O`); O and the natural-log LSE, back in the scores' layout."""
-    o, lse = _normalize_rows(acc, gl.convert_layout(l_i, ROWS_O), gl.convert_layout(m_i, ROWS_O))
+    moved to the output's for the normalisation (`ROWS_O`), a reciprocal per row; O and the natural-log LSE, back in the scores' layout."""
+    o, lse = _normalize_rows(acc, gl.convert_layout(l_i, ROWS_O), gl.convert_layout(m_i, ROWS_O), RECIPROCAL=True)
     return o, gl.convert_layout(lse, l_i.type.layout)
 
 @gluon.jit
