@@ -11,7 +11,7 @@ Arguments are built as the kernels' own `launch` functions build them (CPU tenso
 16-byte alignment), so the specialisation is the one the GPU compiles."""
 import os
 os.environ["TRITON_INTERPRET"] = "0"          # compile, do not interpret (triton_fa2 would choose the interpreter)
-import argparse, concurrent.futures, contextlib, csv, datetime, hashlib, json, re, sys, traceback
+import argparse, concurrent.futures, contextlib, csv, datetime, functools, hashlib, json, re, sys, traceback
 import torch, triton
 import triton_fa2.backward as bwd
 import triton_fa2.gluon_backward as gluon_bwd
@@ -275,8 +275,9 @@ def gluon_smoke(jobs:list) -> list:
     return kept
 
 
-def compile_job(job) -> list:
-    "Compile one job of `shipped()`: [(kernel, resources and the SASS's hash)] for each kernel it launches."
+def compile_job(job, sass:bool=False) -> list:
+    """Compile one job of `shipped()`: [(kernel, resources)] for each kernel it launches, with `sass` the SASS's hash too
+    (its disassembly takes about as long as the compile)."""
     kind, D, config, heads = job
     if kind == "forward": kernels = [("_attn_fwd", compile_forward(D=D, config=config))]
     elif kind == "packed": kernels = [("_attn_fwd", compile_packed(D=D, config=config))]
@@ -322,7 +323,7 @@ def compile_job(job) -> list:
     elif kind == "modifiers":
         kernels = [(f"{heads} with every modifier", MODIFIER_JOBS[heads](D))]
     else: kernels = [(config.label, gluon._compile_sm90(config, D=D))]
-    return [(n, dict(resource_usage(k), sass=sass_hash(k))) for n, k in kernels]
+    return [(n, dict(resource_usage(k), **({"sass": sass_hash(k)} if sass else {}))) for n, k in kernels]
 
 
 WINDOW_ALONE = fwd.ScoreMods(window_size=(4095, 0))
@@ -351,8 +352,8 @@ def sass_hash(kernel) -> str:
     return hashlib.sha256(sass.encode()).hexdigest()[:16]
 
 
-def _try(job):
-    try: return compile_job(job), None
+def _try(job, sass:bool=False):
+    try: return compile_job(job, sass), None
     except Exception as e: return None, "".join(traceback.format_exception_only(e))[-1500:]
 
 
@@ -403,9 +404,9 @@ def check_all(workers:int=2, fingerprint:str=None, compare:str=None) -> int:
     print(f"Triton {triton.__version__}, torch {torch.__version__}: {len(jobs)} launches compiled for sm_90", flush=True)
     bad, compiled = 0, {}
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-        for (name, job), (done, error) in zip(jobs, pool.map(_try, [j for _, j in jobs])):
+        for (name, job), (done, error) in zip(jobs, pool.map(functools.partial(_try, sass=bool(fingerprint or compare)), [j for _, j in jobs])):
             if error: bad += 1; print(f"FAILED  {name}: {error}", flush=True); continue
-            hashes[name] = {kernel: r["sass"] for kernel, r in done}
+            if fingerprint or compare: hashes[name] = {kernel: r["sass"] for kernel, r in done}
             compiled[job] = done
             if before is not None:
                 if name not in before: print(f"NEW     {name}: not in {compare}", flush=True)
