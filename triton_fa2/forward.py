@@ -219,9 +219,11 @@ def _q_block_rows(start_m, seqlen_q, num_rows, BLOCK_M: tl.constexpr, PACK_GQA: 
 @triton.jit
 def _normalize_rows(acc, l_i, m_i, RECIPROCAL: tl.constexpr = False):
     """The epilogue: O = acc / l (0 where a row saw nothing), natural-log LSE = (m + log2 l) · ln 2 (−∞ there).
-    RECIPROCAL: the division taken once per row and multiplied into its elements (within an ulp of dividing each), fewer
-    instructions where a block's epilogue is a noticeable share of its time (the Gluon kernels, 11); the `tl` kernels
-    divide, because on some of their tiles, already near the register limit, the other form tips ptxas into spilling."""
+    RECIPROCAL: the division taken once per row and multiplied into its elements, fewer instructions where a block's
+    epilogue is a noticeable share of its time (the Gluon kernels, 11). The outputs are the division's, bit for bit on an
+    H200: Triton's float32 `/` is PTX's `div.full.f32`, itself an approximate reciprocal and a multiply, whose range
+    checks then run once per row instead of once per element. The `tl` kernels divide: on some of their tiles, already
+    near the register limit, the other form tips ptxas into spilling."""
     seen_nothing = l_i == 0.0                           # causal rows before the first key, Lk = 0, an empty split
     l_safe = tl.where(seen_nothing, 1.0, l_i)
     if RECIPROCAL:
