@@ -183,3 +183,26 @@ def show_doc_problems(nb_path):
 def test_every_export_has_its_own_show_doc(nb):
     problems = show_doc_problems(nb)
     assert not problems, "exported names without a show_doc cell of their own:\n" + "\n".join(problems)
+
+
+def tests_run_by_the_docs_build(nb_path) -> list:
+    """Cells the docs build executes (nbdev's processing runs every cell that imports, besides the exported ones and the
+    `show_doc` ones) that also test something: an `assert`, a loop or a `with` block, or a call to `test_*` or `check*`.
+    A notebook with neither exports nor `show_doc` (the index) has nothing of its own executed."""
+    found, cells = [], nbformat.read(nb_path, as_version=4).cells
+    if not any(re.search(r"^#\|\s*export|show_doc\(", c.source, re.M) for c in cells if c.cell_type == "code"): return found
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "code" or re.search(r"^#\|\s*(export|exporti|exports|eval:\s*false)", cell.source, re.M): continue
+        try: tree = ast.parse("\n".join(l for l in cell.source.splitlines() if not l.lstrip().startswith(("%", "!"))))
+        except SyntaxError: continue
+        if not any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree)): continue
+        tests = [n for n in ast.walk(tree) if isinstance(n, (ast.Assert, ast.For, ast.With))
+                 or isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id.startswith(("test_", "check"))]
+        if tests: found.append(f"{nb_path.name} cell {i}: {cell.source.splitlines()[0][:80]}")
+    return found
+
+
+def test_the_docs_build_runs_no_test():
+    "The setup cell imports; a test cell that imports too runs again, slowly, in every docs build (DEVELOPERS.md)."
+    found = [f for nb in NOTEBOOKS for f in tests_run_by_the_docs_build(nb)]
+    assert not found, "move these cells' imports into the notebook's imports cell:\n" + "\n".join(found)
