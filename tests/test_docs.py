@@ -185,7 +185,7 @@ def test_every_export_has_its_own_show_doc(nb):
     assert not problems, "exported names without a show_doc cell of their own:\n" + "\n".join(problems)
 
 
-def tests_run_by_the_docs_build(nb_path) -> list:
+def cells_testing_in_the_docs_build(nb_path) -> list:
     """Cells the docs build executes (nbdev's processing runs every cell that imports, besides the exported ones and the
     `show_doc` ones) that also test something: an `assert`, a loop or a `with` block, or a call to `test_*` or `check*`.
     A notebook with neither exports nor `show_doc` (the index) has nothing of its own executed."""
@@ -204,5 +204,5 @@ def tests_run_by_the_docs_build(nb_path) -> list:
 
 def test_the_docs_build_runs_no_test():
     "The setup cell imports; a test cell that imports too runs again, slowly, in every docs build (DEVELOPERS.md)."
-    found = [f for nb in NOTEBOOKS for f in tests_run_by_the_docs_build(nb)]
+    found = [f for nb in NOTEBOOKS for f in cells_testing_in_the_docs_build(nb)]
     assert not found, "move these cells' imports into the notebook's imports cell:\n" + "\n".join(found)
