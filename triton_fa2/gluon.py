@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from .candidates import GLUON_HEAD_DIMS, PREFILL_GLUON, Candidate
 from .forward import LOG2E, _kv_key_bounds, _normalize_rows, _program_block
-from .score_mods import ScoreMods, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
+from .score_mods import ScoreMods, _exp2_fma, _mod_args, _mod_flags, _rows_start, _score_mod, _visible, _window_key_bounds
 from .validation import _capability
 from .varlen import _packed_block, _sequence, packed_slots
 
@@ -180,7 +180,8 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, start_n, full_end, seqlen_k, offs
 
 @gluon.jit
 def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-             WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False, EXACT_TANH: gl.constexpr = False):
+             WINDOW: gl.constexpr = False, window=None, seqlen_k=0, CAUSAL: gl.constexpr = False, EXACT_TANH: gl.constexpr = False,
+             EXP2_FMA: gl.constexpr = False):
     """P of an unmasked tile of raw scores, each row's maximum `m_fixed` ((rows, 1)) fixed: 2^(logit − m), one FMA and one
     exp2 per score without the modifiers; with them the logit is `_score_mod`'s, as in the masked run. With WINDOW the
     tiles of the window's left edge (below `window`'s full_lo) are masked as `_softmax_tile` masks them, but on P after
@@ -193,9 +194,13 @@ def _fixed_p(s, m_fixed, offs_m, offs_n, start_n, offset, qk_scale, logit_mods, 
         # and −slope·(p − j) = slope·(j − start_n) − slope·(p − start_n): one FMA on the tile's key offsets, the rows' part
         # folded into their fixed maximum (no distance, absolute value or conversion per score)
         rows_part = (slope_log2 * (offs_m + offset - start_n).to(gl.float32))[:, None] + m_fixed
-        p = gl.exp2(qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part))
+        x = qk + (slope_log2[:, None] * offs_n.to(gl.float32)[None, :] - rows_part)
     else:
-        p = gl.exp2(qk - m_fixed)
+        x = qk - m_fixed
+    if SOFTCAP and EXP2_FMA and not EXACT_TANH:   # the tanh took the MUFU's other turn: half the exp2 on the FMA pipe (14)
+        p = _exp2_fma(x)
+    else:
+        p = gl.exp2(x)
     if WINDOW:
         full_lo, window_left, window_right = window
         if start_n < full_lo:   # 0 where the window ends, whatever the logit was there (+inf or NaN included)
@@ -254,7 +259,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, Q_IN_REGS: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr,
                     SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False,   # 14's modifiers
-                    VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False):
+                    VARLEN: gl.constexpr = False, WINDOW: gl.constexpr = False, EXP2_FMA: gl.constexpr = False):
     dtype: gl.constexpr = q_desc.dtype
     q_start = 0
     k_start = 0
@@ -349,7 +354,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
         s = warpgroup_mma_wait(0, deps=(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True),))
         if P_SMEM:
             p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo, offset, qk_scale, logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                         WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL)
+                         WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL, EXP2_FMA=EXP2_FMA)
             l_i = l_i + gl.sum(p, 1)
             p_smem.index(0).store(p.to(dtype))
             fence_async_shared()
@@ -364,7 +369,8 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
                 acc_tok = warpgroup_mma(p_smem.index(step % 2), _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))                  # QKᵀ(t+1) done; PV(t) may still run
                 p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo + (step + 1) * BLOCK_N, offset, qk_scale, logit_mods,
-                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL)
+                             SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL,
+                             EXP2_FMA=EXP2_FMA)
                 l_i = l_i + gl.sum(p, 1)
                 p_smem.index((step + 1) % 2).store(p.to(dtype))           # PV(t−1), its last reader, is retired
                 fence_async_shared()
@@ -372,7 +378,7 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
             else:
                 p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo + step * BLOCK_N, offset, qk_scale, logit_mods,
                              SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k,
-                             CAUSAL=CAUSAL)                                # one FMA and one exp2 per score
+                             CAUSAL=CAUSAL, EXP2_FMA=EXP2_FMA)             # one FMA and one exp2 per score
                 l_i = l_i + gl.sum(p, 1)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t), acc_tok, is_async=True)
@@ -386,7 +392,8 @@ def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc,      # descriptors of (B, H,
             acc = warpgroup_mma_wait(0, deps=(acc_tok,))
         else:
             p = _fixed_p(s, m_fixed, offs_m, offs_n, fixed_lo + (n_fixed - 1) * BLOCK_N, offset, qk_scale, logit_mods,
-                         SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL)
+                         SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k, CAUSAL=CAUSAL,
+                         EXP2_FMA=EXP2_FMA)
             l_i = l_i + gl.sum(p, 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc_tok = warpgroup_mma(p16, _wait_slot(v_bars, v_smem, t_last), acc_tok, is_async=True)
@@ -489,6 +496,9 @@ def _descriptor(t:torch.Tensor, rows:int) -> TensorDescriptor:
 # Registers per thread of each ws consumer warpgroup and of the loading warp (a warpgroup's worth is reserved for it).
 # Over packed sequences the loading warp zeroes the V rows past a sequence (`_zero_rows_past`), which at 24 registers
 # spilled: it takes 40 there, the consumers 232
+# Where softcap's exp2 runs half on the FMA pipe (14's `_exp2_half_fma`), by kernel (warp-specialised or not)
+_SOFTCAP_EXP2_FMA = {True: True, False: False}
+
 _WS_CONSUMER_REGS = 240                                 # the dense launch's, and the backward's ws passes'
 _WS_REGS = {False: (_WS_CONSUMER_REGS, 24), True: (232, 40)}
 
@@ -509,6 +519,8 @@ def _arguments(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, mods
     window = flags.pop("WINDOW")
     if not takes(config, mods): raise ValueError(f"{config.label} takes no ALiBi: the one-warpgroup Gluon kernel does")
     rows = 64 if config.WARP_SPECIALIZE else config.BLOCK_M    # a Q or O tile is one warpgroup's rows
+    # not beside a sink: Triton 3.6's ptxas crashed (SIGSEGV) on the ws kernel with softcap, a sink and this, non-causal
+    flags["EXP2_FMA"] = flags["SOFTCAP"] and not flags["SINK"] and _SOFTCAP_EXP2_FMA[config.WARP_SPECIALIZE]
     window_left, window_right, softcap_scale, softcap_log2, slopes, stride_slopes_z, sinks = _mod_args(mods, causal, scale, Lq, Lk, lse.device)
     named = dict(q_desc=_descriptor(q, rows), k_desc=_descriptor(k, config.BLOCK_N), v_desc=_descriptor(v, config.BLOCK_N),
                  o_desc=_descriptor(o, rows), LSE=lse, seqlen_q=Lq, seqlen_k=Lk, num_heads=Hq, group_size=Hq // Hkv,
@@ -751,7 +763,7 @@ def _ws_retire(me: gl.constexpr, t, p, acc_tok, smem, bars):
 @gluon.jit
 def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, lens, plan, qk_scale, mods, window_sides, packed_out,
                  CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINK: gl.constexpr,
-                 WINDOW: gl.constexpr, VARLEN: gl.constexpr):
+                 WINDOW: gl.constexpr, VARLEN: gl.constexpr, EXP2_FMA: gl.constexpr):
     """Consumer warpgroup `me` of the block: rows first_pos + 64·me …, every K/V tile the producer loads, PV(t) under
     softmax(t+1). The masked run online; then each row's maximum from it fixed for the unmasked tiles, and, if P
     overflowed, the block redone online (own loads into ring slot `me` once both consumers are done with the rings).
@@ -812,7 +824,7 @@ def _ws_consumer(me: gl.constexpr, descs, smem, bars, block, lens, plan, qk_scal
             s, acc_tok = _ws_products(me, t, q, acc, s_zero, smem, bars, PINGPONG=PINGPONG)
             p = _fixed_p(s, m_fixed[:, None], offs_m, offs_n, fixed_lo + (t + 1 - n_online) * BLOCK_N, offset, qk_scale,
                          logit_mods, SOFTCAP=SOFTCAP, ALIBI=ALIBI, WINDOW=WINDOW, window=window, seqlen_k=seqlen_k,
-                         CAUSAL=CAUSAL, EXACT_TANH=EXACT_TANH)   # one FMA, one exp2 per score
+                         CAUSAL=CAUSAL, EXACT_TANH=EXACT_TANH, EXP2_FMA=EXP2_FMA)   # one FMA, one exp2 per score
             l_i = l_i + gl.sum(p, 1)
             acc = _ws_retire(me, t, p, acc_tok, smem, bars)
         t_last = n_loads - 1
@@ -869,7 +881,7 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
                  HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, SINK: gl.constexpr = False,
-                 WINDOW: gl.constexpr = False, VARLEN: gl.constexpr = False):
+                 WINDOW: gl.constexpr = False, VARLEN: gl.constexpr = False, EXP2_FMA: gl.constexpr = False):
     consumers: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
     rows: gl.constexpr = q_desc.block_type.shape[2]                  # one consumer's rows: 64
@@ -917,9 +929,9 @@ def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, seqlen_q, seqlen_k, num_he
     sides = (window_left, window_right)
     packed_out = (O, stride_om, stride_oh, stride_lse_h)
     gl.warp_specialize([(_ws_consumer, (0, descs, smem, bars, block, lens, plan, qk_scale, mods, sides, packed_out, CAUSAL,
-                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW, VARLEN)),
+                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW, VARLEN, EXP2_FMA)),
                         (_ws_consumer, (1, descs, smem, bars, block, lens, plan, qk_scale, mods, sides, packed_out, CAUSAL,
-                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW, VARLEN)),
+                                        PINGPONG, SOFTCAP, ALIBI, SINK, WINDOW, VARLEN, EXP2_FMA)),
                         (_ws_producer, (descs, smem, bars, block, lens, plan, VARLEN))],
                        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
