@@ -369,6 +369,17 @@ def test_gpu_every_candidate_with_score_modifiers(modifiers, causal, dtype):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_overflow_with_softcap_redoes_the_block(dtype):
+    """Key 0's capped logit (near c = 100) lies about 140 above later rows' diagonal maxima in base 2: 2^x overflows,
+    past the FMA pipe's exp2 too (`_exp2_half_fma`: +inf from 128 on), and the block is redone online."""
+    q, k, v = overflowing_inputs(128, dtype)
+    for causal in (True, False):
+        for config in CANDIDATES: check_gluon_mods(q, k, v, causal, config, ScoreMods(softcap=100.0))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_overflow_in_a_window_redoes_the_window(dtype):
     """Key 200 scores far above every other: rows whose window holds it in the run with the fixed maximum overflow, and
     the block is redone online from the window's first tile, not from key 0 (whose keys it must never see)."""

@@ -242,6 +242,7 @@ def _prefill(q, k, v, o, lse, causal:bool, scale:float, config:Candidate, pack_g
     if pick is None or (pick.kernel == "gluon" and not gluon_ok) or (key not in _TUNED and tuning_requested()):
         smem = _max_smem(lse.device.index) if lse.is_cuda else 0
         rule = rule_config("prefill", _capability(q.device), D, q.dtype, causal, Lk) if q.is_cuda and not pack else None
+        if rule is not None and gluon_ok: rule = _gluon.softcap_rule(rule, D, mods)
         candidates = [c for c in prefill_candidates(D, not use_tma, smem, gluon=gluon_ok) if c.kernel != "gluon" or _gluon.takes(c, mods)]
         pick = _choose(key, candidates, run, rule)
     try: launched = run(pick)
