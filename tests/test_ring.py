@@ -174,7 +174,10 @@ def test_ring_refusals_without_a_group():
     q = torch.randn(1, 4, 2, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="call torch.distributed.init_process_group first"): triton_fa2.ring_flash_attn_func(q, q, q)
     with pytest.raises(ValueError, match="dropout_p must be 0.0"): triton_fa2.zigzag_ring_flash_attn_func(q, q, q, dropout_p=0.1)
-    with pytest.raises(ValueError, match="alibi_slopes must be None"):
+    with pytest.raises(ValueError, match="alibi_slopes must be None: ring attention takes no ALiBi"):
         triton_fa2.ring_flash_attn_func(q, q, q, alibi_slopes=torch.ones(2))
+    for window in ((128, 0), 64):
+        with pytest.raises(ValueError, match="window_size must be \\(-1, -1\\): ring attention takes no sliding window"):
+            triton_fa2.zigzag_ring_flash_attn_func(q, q, q, window_size=window)
     with pytest.raises(ValueError, match="multiple of 2 · world_size = 4"): triton_fa2.zigzag_shard(torch.zeros(1, 6), 0, 2)
     with pytest.raises(TypeError, match="causal must be a bool"): triton_fa2.ring_flash_attn_func(q, q, q, causal=1)

@@ -19,7 +19,7 @@ from .ops import _run_attention, _run_decode, _run_varlen
 from .split_kv import _choose_num_splits
 from .tuning import tuning
 from .validation import (_check_causal, _check_inputs, _check_num_splits, _check_kvcache, _check_rotary, _check_score_mods, _check_seqlens,
-                                   _check_varlen, _refuse_unsupported)
+                                   _check_varlen, _refuse_dropout)
 
 # %% ../nbs/97_interface.ipynb #cfa28366
 def attention(q:torch.Tensor,         # (B, Hq, Lq, D) queries, fp16 or bf16
@@ -64,7 +64,7 @@ def flash_attn_func(q:torch.Tensor,             # (B, Lq, Hq, D) = (batch, seqle
     Tensors in SDPA's (B, H, L, D) layout must be transposed first (`q.transpose(1, 2)`, a view), or passed to
     `attention`, which takes them as they are: shapes that fit both layouts cannot be told apart, and give wrong results
     without an error. Shapes that fit only SDPA's layout are refused with this advice."""
-    _refuse_unsupported(dropout_p, (-1, -1), 0.0, None)
+    _refuse_dropout(dropout_p)
     causal = _check_causal(causal)                                  # a NumPy bool becomes a Python bool
     B, Hq = _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)")[:2]
     mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, B, Hq, q.device)
@@ -93,7 +93,7 @@ def flash_attn_varlen_func(q:torch.Tensor,             # (total_q, Hq, D) querie
                            learnable_sink=None,        # (Hq,): one more logit per head in each row's softmax (FlashAttention-4's name)
                           ):                           # out (total_q, Hq, D) in q's dtype, 0 in rows of no sequence; with return_attn_probs, (out, softmax_lse, None)
     "Drop-in for `flash_attn.flash_attn_varlen_func`: attention of sequences of different lengths packed end to end, forward and backward."
-    _refuse_unsupported(dropout_p, (-1, -1), 0.0, None)
+    _refuse_dropout(dropout_p)
     causal = _check_causal(causal)
     batch, Hq, Hkv, D = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, block_table)
     mods = _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, batch, Hq, q.device)

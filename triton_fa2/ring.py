@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .interface import _unpack
 from .ops import _attention_backward_impl, _attention_impl
 from .split_kv import _merge_states
-from .validation import _check_causal, _check_inputs, _refuse_unsupported
+from .validation import _check_causal, _check_inputs, _refuse_dropout
 
 # %% ../nbs/16_ring.ipynb #c2dcca37
 def _part(part:str, n:int) -> slice:
@@ -135,7 +135,12 @@ class _RingAttention(torch.autograd.Function):
 # %% ../nbs/16_ring.ipynb #9ed9a6bb
 def _check_local(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, fn:str) -> tuple:
     "This rank's arguments checked: (causal as a bool, the scale)."
-    _refuse_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
+    _refuse_dropout(dropout_p)
+    if not isinstance(window_size, (tuple, list)) or tuple(window_size) != (-1, -1):
+        raise ValueError(f"window_size must be (-1, -1): ring attention takes no sliding window (flash_attn_func takes one "
+                         f"on one GPU), got {window_size!r}")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes must be None: ring attention takes no ALiBi (flash_attn_func takes it on one GPU)")
     causal = _check_causal(causal)
     _check_inputs(q, k, v, causal, softmax_scale, layout="(B, L, H, D)", fn=fn)
     if q.shape[1] != k.shape[1]:

@@ -132,12 +132,9 @@ def _check_num_splits(num_splits):
     return num_splits
 
 # %% ../nbs/92_validation.ipynb #7aca364e
-def _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes):
-    "ValueError for the flash-attn arguments that are not implemented, at anything but their defaults."
+def _refuse_dropout(dropout_p):
+    "ValueError for attention dropout at anything but 0.0: flash-attn's argument, kept so that its calls run unchanged."
     if dropout_p != 0.0: raise ValueError(f"dropout_p must be 0.0: triton_fa2 does not implement attention dropout, got {dropout_p}")
-    if tuple(window_size) != (-1, -1): raise ValueError(f"window_size must be (-1, -1): sliding windows are not supported yet, got {window_size}")
-    if softcap != 0.0: raise ValueError(f"softcap must be 0.0: softcapping is not supported yet, got {softcap}")
-    if alibi_slopes is not None: raise ValueError("alibi_slopes must be None: ALiBi is not supported yet")
 
 # %% ../nbs/92_validation.ipynb #030f2cfd
 def _check_score_mods(window_size, softcap, alibi_slopes, learnable_sink, batch:int, heads_q:int, device:torch.device):
