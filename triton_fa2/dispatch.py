@@ -198,7 +198,7 @@ def _attention_forward(q, k, v, o, lse, causal:bool, scale:float, config:Candida
     """Attention of (B, H, L, D) views into o (B, Hq, Lq, D) and contiguous lse (B, Hq, Lq); returns the candidate launched.
     `config` bypasses the choice; `pack_gqa`, `use_tma` left at None are decided here; `fixed_max=False` runs the plain
     online softmax. `mods`: the score modifiers of 14 (`forward.ScoreMods`), or None; the one-warpgroup Gluon kernel and
-    the `tl` kernel take every one, the ws kernel softcap and sinks (`gluon.takes`)."""
+    the `tl` kernel take every one, the ws kernel all but ALiBi (`gluon.takes`)."""
     bind_context(q)                                     # a thread's first CUDA work may be ours (`launch`)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
